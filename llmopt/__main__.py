@@ -1,0 +1,3 @@
+from llmopt.cli.main import entry
+
+entry()

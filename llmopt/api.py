@@ -1,0 +1,140 @@
+"""The Python API: what the CLI, the tests and notebooks call."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+from llmopt import registry
+from llmopt.backends.base import package_version
+from llmopt.catalog.gpus import CATALOG
+from llmopt.errors import UsageError
+from llmopt.output import Output
+from llmopt.plan import Plan, build_plan
+from llmopt.recipe import LoadedRecipe, Recipe, load_recipe
+from llmopt.runner import RunResult, run_plan
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+EXTRAS = {
+    "compress": ["llmcompressor", "compressed-tensors", "datasets"],
+    "modelopt": ["nvidia-modelopt"],
+    "ort": ["onnxruntime", "onnxruntime-genai", "onnx"],
+    "eval": ["lm-eval"],
+    "serve": ["fastapi", "uvicorn"],
+}
+ENGINES = {"vllm": "vllm", "trtllm": "trtllm-serve", "sglang": "sglang", "llama.cpp": "llama-server"}
+
+
+def validate(path: str | Path, overrides=()) -> LoadedRecipe:
+    return load_recipe(path, overrides)
+
+
+def plan(path: str | Path, overrides=(), cache_dir=None, output_dir=None) -> Plan:
+    return build_plan(load_recipe(path, overrides), cache_dir, output_dir)
+
+
+def run(path: str | Path, overrides=(), force=None, cache_dir=None, output_dir=None, out: Output | None = None) -> RunResult:
+    return run_plan(plan(path, overrides, cache_dir, output_dir), out, force)
+
+
+def shipped_recipes() -> list[dict]:
+    out = []
+    for path in sorted(RECIPES_DIR.glob("*.toml")):
+        first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
+        out.append({"name": path.stem, "path": str(path), "purpose": first.lstrip("# ").strip()})
+    return out
+
+
+def copy_recipe(name: str, dest: str | Path | None = None) -> Path:
+    names = [r["name"] for r in shipped_recipes()]
+    if name not in names:
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        raise UsageError(f"no shipped recipe named {name!r}", fix=(f"did you mean {close[0]!r}? " if close else "") + f"choose one of: {', '.join(names)}")
+    target = Path(dest) if dest else Path(f"{name}.toml")
+    if target.is_dir():
+        target = target / f"{name}.toml"
+    if target.exists():
+        raise UsageError(f"{target} already exists", fix="choose another destination or remove the file")
+    shutil.copyfile(RECIPES_DIR / f"{name}.toml", target)
+    return target
+
+
+STARTER = """\
+# {name}: a starter recipe written by `llmopt init`. `llmopt schema` lists every key.
+schema_version = 1
+name = "{name}"
+
+[model]
+source = "{source}"      # hub id, local folder, .gguf file, or builtin:smollm2-135m
+
+[calibration]
+data = "builtin:prose"
+samples = 16
+max_seq_len = 256
+
+# [[compress]]
+# method = "gptq"
+# scheme = "W4A16"
+# group_size = 64
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+max_increase_pct = 5
+"""
+
+
+def init(dest: str | Path, name: str = "my-recipe", source: str = "builtin:smollm2-135m") -> Path:
+    target = Path(dest)
+    if target.exists():
+        raise UsageError(f"{target} already exists", fix="choose another path or remove the file")
+    target.write_text(STARTER.format(name=name, source=source))
+    return target
+
+
+def json_schema() -> dict:
+    return Recipe.model_json_schema()
+
+
+def backends() -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for kind, by_name in registry.all_backends().items():
+        out[kind] = [
+            {"name": name, "extra": cls.extra, "summary": (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]}
+            for name, cls in by_name.items()
+        ]
+    return out
+
+
+def gpus() -> list[dict]:
+    return [g.to_dict() for g in CATALOG]
+
+
+def doctor() -> dict:
+    report: dict = {"python": platform.python_version(), "platform": platform.platform(), "torch": None, "cuda": None, "gpus": []}
+    try:
+        import torch
+
+        report["torch"] = torch.__version__
+        report["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+        report["gpus"] = [
+            {"name": torch.cuda.get_device_name(i), "cc": ".".join(map(str, torch.cuda.get_device_capability(i))),
+             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            for i in range(torch.cuda.device_count())
+        ]
+    except ImportError:
+        pass
+    report["extras"] = {
+        extra: {dist: package_version(dist) for dist in dists} for extra, dists in EXTRAS.items()
+    }
+    report["engines"] = {name: shutil.which(exe) for name, exe in ENGINES.items()}
+    return report
+
+
+def to_json(data) -> str:
+    return json.dumps(data, indent=2, default=str)

@@ -1,0 +1,131 @@
+"""Assemble the deployable artifact from finished stages.
+
+Layout::
+
+    <output>/model/           the final model folder
+    <output>/deploy/<engine>/ launch configs (when the recipe has [serve])
+    <output>/reports/         report.json, report.md, junit.xml, per-example scores, run.log
+    <output>/manifest.json    provenance, metrics, verdicts, SHA-256 of every file
+    <output>/README.md        the compression card
+
+Everything is written into a temporary sibling folder and renamed into place, so
+an artifact folder is either the old one or the new one, never half of each.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import llmopt
+from llmopt import gate, registry, reports
+from llmopt.backends.base import versions
+from llmopt.cache import copy_tree, file_digest, write_json
+from llmopt.plan import Plan
+
+
+def model_dir(plan: Plan, manifest: dict) -> Path:
+    """Where a model-producing stage's model folder is."""
+    where = Path(manifest["outputs"].get("model_dir", "model"))
+    return where if where.is_absolute() else plan.cache.path(manifest["key"]) / where
+
+
+def evaluate_gates(plan: Plan, manifests: dict) -> list[dict]:
+    gates = []
+    for item in plan.recipe.recipe.eval:
+        b = manifests[f"eval.{item.name}.baseline"]
+        c = manifests[f"eval.{item.name}.candidate"]
+        scores = b["outputs"].get("scores", "scores.jsonl")
+        comparison = gate.compare(
+            b["outputs"]["metric"],
+            gate.read_scores(plan.cache.path(b["key"]) / scores),
+            gate.read_scores(plan.cache.path(c["key"]) / scores),
+            item.confidence,
+        )
+        record = gate.judge(item, comparison, b["outputs"].get("higher_is_better", True))
+        record["baseline_stage"], record["candidate_stage"] = b["key"], c["key"]
+        gates.append(record)
+    return gates
+
+
+def assemble(plan: Plan, manifests: dict, log_path: Path) -> list[dict]:
+    final = plan.output_dir
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        model_stage = plan.final_model_stage
+        copy_tree(model_dir(plan, manifests[model_stage.name]), tmp / "model")
+        gates = evaluate_gates(plan, manifests)
+        deploy = write_deploy(plan, manifests, tmp)
+        manifest = build_manifest(plan, manifests, gates, deploy)
+        reports.write_all(tmp / "reports", plan, manifests, gates)
+        shutil.copy2(log_path, tmp / "reports" / "run.log")
+        (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
+        manifest["files"] = checksums(tmp)
+        write_json(tmp / "manifest.json", manifest)
+        _swap_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return gates
+
+
+def write_deploy(plan: Plan, manifests: dict, root: Path) -> dict:
+    serve = plan.recipe.recipe.serve
+    if serve is None:
+        return {}
+    backend = registry.get("serve", serve.backend)()
+    folder = root / "deploy" / serve.backend
+    folder.mkdir(parents=True)
+    return backend.render(plan.recipe.options_for("serve", None), plan, root / "model", folder) or {}
+
+
+def build_manifest(plan: Plan, manifests: dict, gates: list[dict], deploy: dict) -> dict:
+    recipe = plan.recipe
+    source = manifests["source"]
+    calibrated = [m for m in manifests.values() if "calibration_sha256" in m.get("material", {})]
+    return {
+        "schema_version": 1,
+        "llmopt_version": llmopt.__version__,
+        "created": datetime.now(timezone.utc).isoformat(),
+        "recipe": {"name": recipe.recipe.name, "path": str(recipe.path), "sha256": recipe.digest,
+                   "resolved": recipe.recipe.model_dump(mode="json")},
+        "source": {"spec": recipe.recipe.model.source, "fingerprint": source["outputs"].get("fingerprint")},
+        "calibration_sha256": calibrated[0]["material"]["calibration_sha256"] if calibrated else None,
+        "stages": [
+            {"name": s.name, "backend": s.backend, "key": s.key, "options": manifests[s.name]["options"],
+             "versions": manifests[s.name]["material"].get("versions", {}), "timing": manifests[s.name]["timing"],
+             "outputs": manifests[s.name]["outputs"]}
+            for s in plan.stages
+        ],
+        "metrics": {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"},
+        "gates": gates,
+        "estimates": plan.estimates,
+        "target": plan.gpu.to_dict() if plan.gpu else {"device": "cpu"},
+        "deploy": deploy,
+        "versions": versions(("torch", "transformers", "llmcompressor", "compressed-tensors", "nvidia-modelopt",
+                              "onnxruntime", "onnxruntime-genai", "lm-eval")),
+    }
+
+
+def checksums(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): file_digest(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "manifest.json"
+    }
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)

@@ -1,0 +1,30 @@
+"""Export: the Hugging Face folder as the last stage wrote it (plain safetensors, or
+compressed-tensors / ModelOpt checkpoints from a quantization step). Nothing to convert,
+so the planner adds no stage for it; the artifact takes the last model folder.
+Needs: nothing.
+"""
+
+from __future__ import annotations
+
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.cache import copy_tree
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+
+class HFExportOptions(Options):
+    pass
+
+
+@register("export", "hf")
+class HFExport:
+    Options = HFExportOptions
+    requires = ()
+    extra = None
+
+    def check(self, options: HFExportOptions, ctx: PlanContext) -> list[Problem]:
+        return []
+
+    def run(self, options: HFExportOptions, ctx: StageContext) -> dict:
+        copy_tree(ctx.model_dir, ctx.out_dir / "model")
+        return {"format": "hf", "model_dir": "model"}

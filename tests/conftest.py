@@ -1,0 +1,94 @@
+"""Shared fixtures: a tiny random Llama with its own tokenizer, an isolated cache, recipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "llmopt" / "data"
+
+
+def train_tokenizer(folder: Path, vocab_size: int = 512) -> None:
+    """A byte-level BPE tokenizer trained on the shipped prose, saved as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([(DATA / "prose_calib.txt").read_text()], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+
+
+def make_tiny_llama(folder: Path, hidden: int = 64, layers: int = 2, intermediate: int = 128, seed: int = 0) -> Path:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=512,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LLMOPT_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    return cache
+
+
+def write_recipe(folder: Path, body: str, name: str = "recipe.toml") -> Path:
+    path = folder / name
+    path.write_text(body)
+    return path
+
+
+def tiny_recipe(model: Path, extra: str = "", windows: int = 4) -> str:
+    return f"""\
+schema_version = 1
+name = "tiny"
+
+[model]
+source = "{model}"
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+window = 64
+max_windows = {windows}
+max_increase_pct = 5
+{extra}"""
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "llmopt", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def load_json(text: str):
+    return json.loads(text)

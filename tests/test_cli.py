@@ -1,0 +1,96 @@
+"""The CLI: exit codes, JSON output for every command, help with examples, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmopt.cli.main import main
+
+from conftest import ROOT, run_cli, write_recipe
+
+QUICKSTART = str(ROOT / "recipes" / "quickstart.toml")
+
+
+def call(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("validate", QUICKSTART),
+        ("plan", QUICKSTART),
+        ("ls",),
+        ("ls", "recipes"),
+        ("ls", "gpus"),
+        ("doctor",),
+    ],
+)
+def test_json_output_parses(capsys, args):
+    code, out, _ = call(capsys, *args, "--format", "json")
+    assert code == 0
+    json.loads(out)
+
+
+def test_schema_is_json_schema(capsys):
+    code, out, _ = call(capsys, "schema")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["title"] == "Recipe"
+    assert "model" in doc["properties"]
+
+
+def test_init_and_cp_write_recipes_that_validate(capsys, tmp_path):
+    code, out, _ = call(capsys, "init", str(tmp_path / "new.toml"), "--format", "json")
+    assert code == 0 and json.loads(out)["written"].endswith("new.toml")
+    assert call(capsys, "validate", str(tmp_path / "new.toml"))[0] == 0
+    code, out, _ = call(capsys, "cp", "quickstart", str(tmp_path), "--format", "json")
+    assert code == 0
+    assert call(capsys, "validate", json.loads(out)["written"])[0] == 0
+    code, _, err = call(capsys, "cp", "quickstart", str(tmp_path))
+    assert code == 2 and "already exists" in err
+
+
+def test_invalid_recipe_exits_2_without_traceback(tmp_path):
+    path = write_recipe(tmp_path, 'schema_version = 1\nname = "x"\n[model]\nsource = 3\n')
+    result = run_cli("run", str(path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"{path}:4: model.source: Input should be a valid string (got 3)" in result.stderr
+    assert result.stdout == ""
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_invalid_recipe_json_error_document(capsys, tmp_path):
+    path = write_recipe(tmp_path, 'schema_version = 2\nname = "x"\n[model]\nsource = "a/b"\n')
+    code, out, _ = call(capsys, "validate", str(path), "--format", "json")
+    assert code == 2
+    doc = json.loads(out)
+    assert doc["exit_code"] == 2 and doc["problems"][0]["where"].endswith(":1: schema_version")
+
+
+def test_unknown_command_and_option_exit_2(capsys):
+    assert call(capsys, "frobnicate")[0] == 2
+    assert call(capsys, "plan", QUICKSTART, "--bogus")[0] == 2
+
+
+def test_debug_variable_shows_traceback(tmp_path):
+    path = write_recipe(tmp_path, 'name = "x"\n')
+    result = run_cli("validate", str(path), env={"LLMOPT_DEBUG": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "validate", "init", "cp", "ls", "doctor", "schema"])
+def test_help_has_examples(capsys, command):
+    code, out, _ = call(capsys, command, "--help")
+    assert code == 0
+    assert "Examples:" in out and f"llmopt {command}" in out
+
+
+def test_top_level_help(capsys):
+    code, out, _ = call(capsys, "--help")
+    assert code == 0 and "llmopt run" in out

@@ -1,0 +1,104 @@
+"""The runner: cache reuse, resume after kill -9, atomic stages and artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llmopt import api
+
+from conftest import tiny_recipe, write_recipe
+
+
+def test_run_writes_artifact_and_second_run_is_cached(tiny_model, tmp_path, isolated_cache):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
+    out = tmp_path / "art"
+    first = api.run(recipe, output_dir=out)
+    assert [r.status for r in first.records] == ["ran", "ran", "cached"]  # candidate == baseline model
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["recipe"]["sha256"] == first.plan.recipe.digest
+    assert manifest["source"]["fingerprint"]
+    assert set(manifest["files"]) >= {"model/config.json", "model/model.safetensors", "reports/report.json", "README.md"}
+    assert first.gates[0]["verdict"] == "pass" and first.gates[0]["delta"] == 0.0
+    second = api.run(recipe, output_dir=out)
+    assert [r.status for r in second.records] == ["cached"] * 3
+
+
+def test_changing_only_eval_reruns_only_eval(tiny_model, tmp_path):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
+    api.run(recipe, output_dir=tmp_path / "a")
+    again = api.run(recipe, overrides=["eval[0].max_windows=3"], output_dir=tmp_path / "a")
+    assert {r.name: r.status for r in again.records}["source"] == "cached"
+    assert {r.name: r.status for r in again.records}["eval.prose.baseline"] == "ran"
+
+
+def test_force_reruns_stage_and_downstream(tiny_model, tmp_path):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
+    api.run(recipe, output_dir=tmp_path / "a")
+    forced = api.run(recipe, force=["source"], output_dir=tmp_path / "a")
+    assert all(r.status == "ran" for r in forced.records[:2])
+    only_eval = api.run(recipe, force=["eval"], output_dir=tmp_path / "a")
+    assert [r.status for r in only_eval.records][:2] == ["cached", "ran"]
+
+
+def _wait_for(predicate, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_kill_mid_stage_then_resume(tiny_model, tmp_path, isolated_cache):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, windows=400))  # a slow eval stage to kill
+    out = tmp_path / "art"
+    plan = api.plan(recipe, output_dir=out)
+    source_key = plan.stage("source").key
+    eval_key = plan.stage("eval.prose.baseline").key
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(recipe), "-o", str(out), "-f", "quiet"],
+                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tmp_root = isolated_cache / "tmp"
+    _wait_for(lambda: any(p.name.startswith(eval_key) for p in tmp_root.glob("*")) if tmp_root.exists() else False)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stages = isolated_cache / "stages"
+    assert (stages / source_key / "manifest.json").is_file()
+    assert not (stages / eval_key).exists()  # the unfinished stage is not visible
+    assert not out.exists()  # nor a half-written artifact
+    result = api.run(recipe, overrides=["eval[0].max_windows=400"], output_dir=out)
+    status = {r.name: r.status for r in result.records}
+    assert status["source"] == "cached" and status["eval.prose.baseline"] == "ran"
+    assert not any(tmp_root.iterdir())  # the dead run's temporary folder was cleaned
+    assert (out / "manifest.json").is_file()
+    assert not list(tmp_path.glob(".art.tmp-*"))
+
+
+def test_failed_stage_leaves_nothing(tiny_model, tmp_path, isolated_cache):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, extra='data = "missing.txt"\n'))
+    result = subprocess.run([sys.executable, "-m", "llmopt", "run", str(recipe), "-o", str(tmp_path / "art")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2  # the plan check catches the missing file before any stage runs
+    assert "data file not found" in result.stderr
+    assert not (tmp_path / "art").exists()
+    assert not (isolated_cache / "stages").exists()
+
+
+def test_stage_error_exits_1_and_commits_nothing(tiny_model, tmp_path, isolated_cache):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("")  # empty text: no windows to score
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, extra=f'data = "{bad}"\n'))
+    result = subprocess.run([sys.executable, "-m", "llmopt", "run", str(recipe), "-o", str(tmp_path / "art")],
+                            capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert "nothing to score" in result.stderr and "Traceback" not in result.stderr
+    stages = [p.name for p in (isolated_cache / "stages").iterdir()]
+    assert len(stages) == 1  # the source stage only
+    assert not any((isolated_cache / "tmp").iterdir())
+    assert not (tmp_path / "art").exists()
