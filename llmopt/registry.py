@@ -8,7 +8,8 @@ A backend is a class registered with ``@register(kind, name)``. It declares:
   cache keys), and ``extra``: the llmopt extra that installs them;
 * ``check(options, ctx) -> list[Problem]``: plan-time checks, no heavy imports;
 * ``run(options, ctx) -> dict``: does the work, writes into ``ctx.out_dir`` and
-  returns metrics.
+  returns metrics (serve backends instead ``render(options, plan, model_dir,
+  folder) -> dict``, writing the engine's launch configs).
 
 Built-ins come from the explicit list in ``llmopt.backends``; third-party backends
 from the ``llmopt.backends`` entry-point group. Duplicate names raise.
@@ -23,6 +24,8 @@ from importlib.metadata import entry_points
 from llmopt.errors import UsageError
 
 KINDS = ("source", "compress", "export", "eval", "serve")
+# what each kind must define; serve backends render launch configs instead of running a stage
+REQUIRED = {kind: ("Options", "check", "run") for kind in KINDS} | {"serve": ("Options", "check", "render")}
 
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 _LOADED = False
@@ -37,7 +40,7 @@ def register(kind: str, name: str):
         existing = _REGISTRY[kind].get(name)
         if existing is not None and existing is not cls:
             raise ValueError(f"{kind} backend {name!r} is registered twice: {existing.__module__} and {cls.__module__}")
-        for attr in ("Options", "check", "run"):
+        for attr in REQUIRED[kind]:
             if not hasattr(cls, attr):
                 raise TypeError(f"{kind} backend {name!r} ({cls.__module__}) has no {attr}")
         cls.kind, cls.name = kind, name

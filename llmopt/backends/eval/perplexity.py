@@ -19,7 +19,7 @@ from pydantic import Field
 
 from llmopt import data as datasets
 from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.backends.eval import runtime
+from llmopt import runtimes
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -70,7 +70,7 @@ class Perplexity:
         return problems
 
     def run(self, options: PerplexityOptions, ctx: StageContext) -> dict:
-        model = runtime.load(ctx, options.runtime)
+        model = runtimes.load(ctx, options.runtime)
         texts = datasets.load_texts(options.data, options.text_field, ctx.recipe.path.parent)
         ids = model.encode("\n\n".join(texts))
         spans = windows(len(ids), options.window, options.stride or options.window, options.max_windows)

@@ -1,16 +1,13 @@
-"""Runtimes that eval backends score a model on.
+"""Runtime: in-process transformers (PyTorch) on CPU or CUDA.
 
-A runtime offers ``encode(text)``, ``nll(sequences, scored)`` (summed negative
-log-likelihood of the last ``scored[i]`` tokens of each sequence) and
-``generate(prompt_ids, max_new_tokens)`` (greedy). Eval backends call these and
-do not care whether the model runs in PyTorch or ONNX Runtime.
+Needs: torch, transformers (the ``torch`` extra).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt.backends.base import StageContext, require
+from llmopt.backends.base import require
 
 
 class TransformersRuntime:
@@ -71,21 +68,3 @@ class TransformersRuntime:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-RUNTIMES = {"transformers": TransformersRuntime}
-FORMAT_RUNTIME = {"hf": "transformers", "onnx": "onnxruntime"}
-
-
-def load(ctx: StageContext, runtime: str = "auto"):
-    """The runtime for the model entering this stage."""
-    folder, fmt = ctx.model_dir, ctx.model_format
-    name = FORMAT_RUNTIME.get(fmt, "transformers") if runtime == "auto" else runtime
-    if name not in RUNTIMES:
-        from llmopt.errors import StageFailed
-
-        raise StageFailed(f"no {name} runtime for models in {fmt} format", where=ctx.name)
-    ctx.progress(f"loading the model ({name})")
-    trust = ctx.recipe.recipe.model.trust_remote_code
-    return RUNTIMES[name](folder, ctx.device, trust_remote_code=trust) if name == "transformers" else RUNTIMES[name](folder, ctx.device)
-

@@ -1,0 +1,50 @@
+"""Runtimes: where a model is scored, generated from and served.
+
+Every runtime offers the same small interface, so eval backends, the benchmark and
+``llmopt serve`` do not care whether the model runs in PyTorch, ONNX Runtime or
+behind an HTTP endpoint:
+
+* ``name``: the runtime's name;
+* ``encode(text, bos=True) -> list[int]`` and ``decode(ids) -> str``;
+* ``nll(sequences, scored) -> list[float]``: summed negative log-likelihood of the
+  last ``scored[i]`` tokens of each token sequence;
+* ``generate(prompt_ids, max_new_tokens, stop_ids=None) -> list[int]``: greedy.
+
+``RUNTIMES`` maps a runtime name to ``module:Class``; modules are imported only
+when used. ``FORMAT_RUNTIME`` picks the default runtime for a model format.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from llmopt.errors import StageFailed
+
+RUNTIMES = {
+    "transformers": "llmopt.runtimes.hf:TransformersRuntime",
+}
+FORMAT_RUNTIME = {"hf": "transformers", "onnx": "onnxruntime"}
+
+
+def runtime_class(name: str):
+    if name not in RUNTIMES:
+        raise StageFailed(f"unknown runtime {name!r}", fix=f"use one of: {', '.join(RUNTIMES)}")
+    module, _, cls = RUNTIMES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def open_runtime(model_dir: Path, fmt: str = "hf", runtime: str = "auto", device: str = "cpu",
+                 trust_remote_code: bool = False):
+    """A runtime over the model folder ``model_dir`` in format ``fmt``."""
+    name = FORMAT_RUNTIME.get(fmt, "transformers") if runtime == "auto" else runtime
+    if name not in RUNTIMES:
+        raise StageFailed(f"no {name} runtime is available for models in {fmt} format",
+                          fix=f"available runtimes: {', '.join(RUNTIMES)}")
+    return runtime_class(name)(Path(model_dir), device=device, trust_remote_code=trust_remote_code)
+
+
+def load(ctx, runtime: str = "auto"):
+    """The runtime for the model entering an eval stage."""
+    ctx.progress(f"loading the model ({runtime})")
+    return open_runtime(ctx.model_dir, ctx.model_format, runtime, ctx.device, ctx.recipe.recipe.model.trust_remote_code)
