@@ -1,0 +1,123 @@
+"""Generate docs/recipe.md (from the schema and every backend's options) and docs/cli.md
+(from the commands' help). ``python -m llmopt.docgen`` writes them; ``--check`` exits 1
+when the files on disk are out of date (a test runs it)."""
+
+from __future__ import annotations
+
+import sys
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from llmopt import registry
+from llmopt.recipe import schema
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SECTIONS = [
+    ("", schema.Recipe),
+    ("model", schema.ModelSection),
+    ("calibration", schema.CalibrationSection),
+    ("[compress]", schema.CompressStep),
+    ("export", schema.ExportSection),
+    ("target", schema.TargetSection),
+    ("serve", schema.ServeSection),
+    ("serve.workload", schema.Workload),
+    ("serve.slo", schema.SLO),
+    ("[eval]", schema.EvalItem),
+    ("bench", schema.BenchSection),
+    ("tune", schema.TuneSection),
+    ("output", schema.OutputSection),
+]
+BACKEND_TABLE = {"compress": "[[compress]] method", "export": "[export] format", "eval": "[[eval]] kind", "serve": "[serve] backend"}
+
+
+def _type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a!r}`".replace("'", '"') for a in typing.get_args(annotation))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(annotation)[0])}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "table"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "required"
+    if field.default_factory is list:
+        return "`[]`"
+    if field.default_factory is not None:
+        return "(table)"
+    return f"`{field.default!r}`".replace("'", '"').replace("None", "none").replace("True", "true").replace("False", "false")
+
+
+def fields_table(model: type[BaseModel], skip: set[str] = frozenset()) -> list[str]:
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |")
+    return lines
+
+
+def recipe_md() -> str:
+    out = ["# Recipe reference", "", "Generated from the schema by `python -m llmopt.docgen`; do not edit by hand.",
+           "", "A recipe is a TOML file. Unknown keys are errors; every problem is reported at once with its",
+           "file, line and key path. `llmopt schema` prints the JSON Schema for editor completion.", ""]
+    for title, model in SECTIONS:
+        heading = "Top level" if not title else (f"[[{title[1:-1]}]]" if title.startswith("[") else f"[{title}]")
+        out += [f"## {heading}", "", *fields_table(model), ""]
+    for kind, label in BACKEND_TABLE.items():
+        out += [f"## Backends: {label}", ""]
+        for name, cls in registry.all_backends()[kind].items():
+            doc = (sys.modules[cls.__module__].__doc__ or "").strip()
+            out += [f"### `{name}`", "", doc, ""]
+            if cls.Options.model_fields:
+                out += fields_table(cls.Options) + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def cli_md() -> str:
+    import typer.main
+
+    from llmopt.cli.main import app
+
+    group = typer.main.get_command(app)
+    out = ["# CLI reference", "", "Generated from the commands' help by `python -m llmopt.docgen`; do not edit by hand.", ""]
+    out += [group.help or "", ""]
+    for name in sorted(group.commands):
+        command = group.commands[name]
+        out += [f"## llmopt {name}", "", (command.help or "").strip(), "", "| option | help |", "|---|---|"]
+        for param in command.params:
+            opts = ", ".join(getattr(param, "opts", []) + getattr(param, "secondary_opts", [])) or param.name
+            if param.param_type_name == "argument":
+                opts = param.name.upper()
+            out.append(f"| `{opts}` | {(getattr(param, 'help', '') or '').replace('|', '/')} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def generated() -> dict[Path, str]:
+    return {DOCS / "recipe.md": recipe_md(), DOCS / "cli.md": cli_md()}
+
+
+def main(argv: list[str]) -> int:
+    stale = [path for path, text in generated().items() if not path.is_file() or path.read_text() != text]
+    if "--check" in argv:
+        for path in stale:
+            print(f"{path} is out of date: run python -m llmopt.docgen")
+        return 1 if stale else 0
+    for path, text in generated().items():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
