@@ -8,6 +8,7 @@ rules that span stages live in ``cross_stage_rules``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ class Plan:
 def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None) -> Plan:
     recipe = loaded.recipe
     base = loaded.path.parent
-    cache = Cache(cache_dir or recipe.output.cache_dir)
+    cache = Cache(cache_dir or os.environ.get("LLMOPT_CACHE") or recipe.output.cache_dir)
     gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None
     problems: list[Problem] = []
     if recipe.target.gpu and gpu is None:
@@ -197,8 +198,6 @@ def model_facts(loaded: LoadedRecipe, problems: list[Problem]) -> ModelInfo | No
 
 
 def _hub_facts(loaded: LoadedRecipe) -> ModelInfo | None:
-    import os
-
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         return None
     try:

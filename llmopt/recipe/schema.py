@@ -154,7 +154,7 @@ class OutputSection(Section):
         None, description="Where the artifact is written (default: artifacts/<name> under the current folder)."
     )
     cache_dir: str | None = Field(
-        None, description="Stage cache (default: $LLMOPT_CACHE or ~/.cache/llmopt)."
+        None, description="Stage cache (used when neither --cache-dir nor $LLMOPT_CACHE is given; default ~/.cache/llmopt)."
     )
 
 
