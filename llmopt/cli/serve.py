@@ -1,0 +1,66 @@
+"""llmopt serve: an OpenAI-compatible HTTP server over an artifact or a model folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmopt.cli.app import FormatOpt, app, sink
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command()
+def serve(
+    path: Annotated[Path, typer.Argument(help="An artifact folder (manifest.json and model/) or a model folder.",
+                                         show_default=False)],
+    host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 opens it to the network (no authentication).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+    runtime: Annotated[str, typer.Option(help="auto (by the model's format: transformers for hf, onnxruntime for onnx), or a runtime name.")] = "auto",
+    max_queue: Annotated[int, typer.Option(min=0, help="Requests that may wait while one generates; more are answered 429.")] = 16,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + completion in tokens (default: the model's context).")] = None,
+    model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, or cuda / cuda:N for the transformers runtime.")] = "cpu",
+    format: FormatOpt = "human",
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
+
+    Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+
+    One request generates at a time while others wait in a bounded queue; see docs/serve.md.
+
+    Examples:
+
+        llmopt serve artifacts/smollm2-gptq
+
+        llmopt serve path/to/model --port 8080 --max-queue 4 --max-model-len 2048
+
+        llmopt serve artifacts/phi3-int4-onnx --host 0.0.0.0 --model-name phi3
+    """
+    from llmopt import server
+    from llmopt.server.model import locate
+    from llmopt.runtimes import RUNTIMES
+    from llmopt.errors import UsageError
+
+    out = sink(format)
+    if runtime != "auto" and runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r}", fix=f"use auto or one of: {', '.join(RUNTIMES)}")
+    locate(path)  # a bad path fails before the port is taken
+    sock = server.bind(host, port)
+    with out.status(f"loading {path}"):
+        served = server.load_model(path, runtime, device, max_model_len, model_name)
+    bound_host, bound_port = sock.getsockname()[:2]
+    info = {"url": f"http://{_url_host(bound_host)}:{bound_port}/v1", "model": served.name,
+            "model_dir": str(served.model_dir), "format": served.format, "runtime": served.runtime.name,
+            "max_model_len": served.max_model_len, "max_queue": max_queue}
+    out.result(info, lambda c: c.print(f"serving [bold]{served.name}[/] ({served.format}, {served.runtime.name}, "
+                                       f"context {served.max_model_len}) at {info['url']}"))
+    if host not in LOOPBACK:
+        out.warn(f"listening on {host}: anyone who can reach this machine can use the server (no authentication)")
+    server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,51 @@
+"""``llmopt serve``: an OpenAI-compatible HTTP server over llmopt's embedded runtimes.
+
+``load_model`` opens an artifact or model folder with its runtime (transformers
+for Hugging Face folders, ONNX Runtime GenAI for ``genai_config.json`` folders);
+``create_app`` builds the FastAPI app (llmopt/server/app.py); ``serve`` runs it
+under uvicorn. Needs: fastapi and uvicorn (the ``serve`` extra), jinja2 for chat
+templates of runtimes without a transformers tokenizer.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from llmopt.errors import UsageError
+from llmopt.server.model import ServedModel, load_model
+
+__all__ = ["ServedModel", "bind", "create_app", "load_model", "serve"]
+
+
+def create_app(served: ServedModel, max_queue: int = 16):
+    from llmopt.backends.base import require
+
+    require("fastapi", "serve", "llmopt serve")
+    from llmopt.server.app import create_app as build
+
+    return build(served, max_queue)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on host:port (port 0: any free port), or a UsageError saying why not."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         fix="pick another --port, or stop what is using it") from None
+    return sock
+
+
+def serve(served: ServedModel, sock: socket.socket, max_queue: int = 16, log_level: str = "info") -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish."""
+    from llmopt.backends.base import require
+
+    uvicorn = require("uvicorn", "serve", "llmopt serve")
+    config = uvicorn.Config(create_app(served, max_queue), log_level=log_level, timeout_graceful_shutdown=30)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
+        pass

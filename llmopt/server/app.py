@@ -1,0 +1,288 @@
+"""The FastAPI app: OpenAI-compatible completions and chat over one served model.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
+server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health`` and
+``GET /metrics``. Generation runs on the scheduler's worker thread; a handler
+tokenizes, queues a job and relays the job's events. A client that goes away
+cancels its job: a streamed answer notices when its send is cancelled, a plain
+one polls for the disconnect while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from llmopt.server import schemas
+from llmopt.server.chat import NoChatTemplate, render_chat
+from llmopt.server.metrics import CONTENT_TYPE, Metrics
+from llmopt.server.model import ServedModel
+from llmopt.server.scheduler import Job, QueueFull, Scheduler
+
+ENDPOINT_OF_PATH = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+DISCONNECT_POLL_S = 0.25
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's error JSON with this HTTP status."""
+
+    STATUS_OF = {400: "invalid", 404: "not_found", 429: "queue_full"}  # the worker counts its own errors
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, schemas.error_body(message, kind, code, param)
+
+
+def create_app(served: ServedModel, max_queue: int = 16) -> FastAPI:
+    """The app serving ``served``; its worker thread runs while the app's lifespan does."""
+    metrics = Metrics()
+    scheduler = Scheduler(served.runtime, metrics, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.close)
+
+    app = FastAPI(title="llmopt serve", summary=f"OpenAI-compatible API over {served.name}", lifespan=lifespan)
+    app.state.served, app.state.scheduler, app.state.metrics = served, scheduler, metrics
+    add_error_handlers(app, metrics)
+    created = int(time.time())
+
+    @app.post("/v1/completions")
+    async def completions(body: schemas.CompletionRequest, request: Request):
+        check_request(body, served)
+        prompt_ids = await asyncio.wrap_future(scheduler.call(completion_prompt, body, served))
+        job = make_job("completions", body, prompt_ids, body.max_tokens, served)
+        return await answer(request, job, body, Reply("cmpl", served.name, chat=False), scheduler)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: schemas.ChatCompletionRequest, request: Request):
+        check_request(body, served)
+        prompt_ids = await asyncio.wrap_future(scheduler.call(chat_prompt, body, served))
+        job = make_job("chat", body, prompt_ids, body.max_completion_tokens or body.max_tokens, served)
+        return await answer(request, job, body, Reply("chatcmpl", served.name, chat=True), scheduler)
+
+    @app.get("/v1/models")
+    async def models() -> schemas.ModelList:
+        return schemas.ModelList(data=[schemas.ModelCard(id=served.name, created=created,
+                                                         max_model_len=served.max_model_len)])
+
+    @app.get("/health")
+    async def health():
+        ok = scheduler.alive
+        return JSONResponse({"status": "ok" if ok else "worker stopped", "model": served.name,
+                             "queue_depth": metrics.waiting, "running": metrics.running},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    """Errors as OpenAI's error JSON, counted in the metrics by endpoint."""
+
+    def count(request: Request, status: int) -> None:
+        endpoint = ENDPOINT_OF_PATH.get(request.url.path)
+        if endpoint and status in ApiError.STATUS_OF:
+            metrics.count(endpoint, ApiError.STATUS_OF[status])
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        count(request, exc.status)
+        return JSONResponse(exc.body, status_code=exc.status, headers={"Retry-After": "1"} if exc.status == 429 else None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        count(request, 400)
+        message, param = validation_message(exc.errors())
+        return JSONResponse(schemas.error_body(message, param=param), status_code=400)
+
+
+def validation_message(errors) -> tuple[str, str | None]:
+    """One message for pydantic's errors, in OpenAI's words where it has them."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return f"The request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    if first.get("type") == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    if not loc and first.get("type") == "missing":
+        return "The request body is empty: send a JSON object", None
+    if not loc and isinstance(first.get("input"), (bytes, bytearray)):  # not parsed: another content type
+        return "The request body must be JSON, sent with the header Content-Type: application/json", None
+    text = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+                     for e in errors[:5])
+    return f"Invalid request: {text}", param
+
+
+def check_request(body: schemas.Sampling, served: ServedModel) -> None:
+    if body.model is not None and body.model != served.name:
+        raise ApiError(404, f"The model `{body.model}` does not exist; this server serves `{served.name}`.",
+                       code="model_not_found", param="model")
+    problem = body.unsupported()
+    if problem:
+        raise ApiError(400, problem)
+    if body.temperature > 0 and not hasattr(served.runtime, "stream"):
+        raise ApiError(400, f"the {served.runtime.name} runtime can only generate greedily: pass temperature 0",
+                       param="temperature")
+
+
+def completion_prompt(body: schemas.CompletionRequest, served: ServedModel) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise ApiError(400, "one prompt per request is supported; send the others as separate requests",
+                           param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return served.runtime.encode(prompt, bos=True)
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", param="prompt")
+    bad = [t for t in prompt if t < 0 or (served.vocab_size is not None and t >= served.vocab_size)]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{served.vocab_size})", param="prompt")
+    return list(prompt)
+
+
+def chat_prompt(body: schemas.ChatCompletionRequest, served: ServedModel) -> list[int]:
+    from jinja2 import TemplateError
+
+    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
+    try:
+        text = render_chat(served.runtime, served.model_dir, messages)
+    except NoChatTemplate as exc:
+        raise ApiError(400, f"{exc}; use /v1/completions, or add chat_template.jinja to the model folder") from None
+    except TemplateError as exc:
+        raise ApiError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
+    return served.runtime.encode(text, bos=False)
+
+
+def make_job(endpoint: str, body: schemas.Sampling, prompt_ids: list[int], max_tokens: int | None,
+             served: ServedModel) -> Job:
+    """A job, once the prompt and the completion fit the served context."""
+    limit, n_prompt = served.max_model_len, len(prompt_ids)
+    if max_tokens is None:  # chat without a limit: up to the end of the context
+        max_tokens = limit - n_prompt
+    if n_prompt + max(max_tokens, 1) > limit:
+        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                       f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                       "Please reduce the length of the prompt or of max_tokens.", code="context_length_exceeded")
+    return Job(endpoint, prompt_ids, max_tokens, body.temperature, body.top_p, body.seed, body.stops())
+
+
+async def answer(request: Request, job: Job, body: schemas.Sampling, reply: "Reply", scheduler: Scheduler):
+    """Queue the job; relay its events as server-sent events or as one JSON answer."""
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+    job.emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+    try:
+        scheduler.submit(job)
+    except QueueFull as exc:
+        raise ApiError(429, f"The server is busy: {exc}. Retry shortly.", kind="rate_limit_exceeded",
+                       code="rate_limit_exceeded") from None
+    if body.stream:
+        return StreamingResponse(sse(job, events, reply, body.include_usage(), scheduler),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(scheduler.cancel, job))
+    return await collect(request, job, events, reply, scheduler)
+
+
+async def collect(request: Request, job: Job, events: asyncio.Queue, reply: "Reply", scheduler: Scheduler):
+    parts, loop = [], asyncio.get_running_loop()
+    checked = loop.time()
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                event = None
+            if loop.time() - checked >= DISCONNECT_POLL_S:
+                checked = loop.time()
+                if await request.is_disconnected():
+                    scheduler.cancel(job)
+                    return Response(status_code=499)  # nobody reads it
+            if event is None:
+                continue
+            if event[0] == "text":
+                parts.append(event[1])
+            elif event[0] == "error":
+                raise ApiError(500, event[1], kind="server_error")
+            else:
+                usage = reply.usage(job, event[2])
+                return JSONResponse(reply.full("".join(parts), event[1], usage))
+    finally:
+        scheduler.cancel(job)  # no-op once the job has finished
+
+
+async def sse(job: Job, events: asyncio.Queue, reply: "Reply", include_usage: bool, scheduler: Scheduler):
+    try:
+        if reply.chat:
+            yield data(reply.chunk(None, None, role=True))
+        while True:
+            event = await events.get()
+            if event[0] == "text":
+                yield data(reply.chunk(event[1], None))
+            elif event[0] == "error":
+                yield data(schemas.error_body(event[1], "server_error"))
+                break
+            else:
+                yield data(reply.chunk(None if reply.chat else "", event[1]))
+                if include_usage:
+                    yield data(reply.usage_chunk(reply.usage(job, event[2])))
+                break
+        yield "data: [DONE]\n\n"
+    finally:  # also when the client disconnects and the send is cancelled
+        scheduler.cancel(job)
+
+
+def data(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class Reply:
+    """Builds the answer objects of one request, for completions or chat."""
+
+    def __init__(self, prefix: str, model: str, chat: bool):
+        self.id, self.model, self.chat = f"{prefix}-{uuid.uuid4().hex}", model, chat
+        self.created = int(time.time())
+
+    def usage(self, job: Job, completion_tokens: int) -> schemas.Usage:
+        n = len(job.prompt_ids)
+        return schemas.Usage(prompt_tokens=n, completion_tokens=completion_tokens, total_tokens=n + completion_tokens)
+
+    def full(self, text: str, finish: str, usage: schemas.Usage) -> dict:
+        head = {"id": self.id, "created": self.created, "model": self.model, "usage": usage}
+        if self.chat:
+            choice = schemas.ChatChoice(message=schemas.ChatMessage(content=text), finish_reason=finish)
+            return schemas.ChatCompletion(**head, choices=[choice]).model_dump(mode="json")
+        choice = schemas.CompletionChoice(text=text, finish_reason=finish)
+        return schemas.Completion(**head, choices=[choice]).model_dump(mode="json")
+
+    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict:
+        head = {"id": self.id, "created": self.created, "model": self.model}
+        if self.chat:
+            delta = schemas.ChatDelta(role="assistant", content="") if role else schemas.ChatDelta(content=text)
+            choice = schemas.ChatChunkChoice(delta=delta, finish_reason=finish)
+            payload = schemas.ChatCompletionChunk(**head, choices=[choice]).model_dump(mode="json")
+            payload["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # {} on the last chunk
+            return payload
+        choice = schemas.CompletionChoice(text=text or "", finish_reason=finish)
+        return schemas.Completion(**head, choices=[choice]).model_dump(mode="json")
+
+    def usage_chunk(self, usage: schemas.Usage) -> dict:
+        head = {"id": self.id, "created": self.created, "model": self.model, "choices": [], "usage": usage}
+        model = schemas.ChatCompletionChunk if self.chat else schemas.Completion
+        return model(**head).model_dump(mode="json")

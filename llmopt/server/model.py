@@ -1,0 +1,107 @@
+"""What ``llmopt serve`` serves: find the model folder and its format, open its runtime.
+
+PATH is an artifact folder (``manifest.json`` next to ``model/``: the format comes
+from the manifest's last model-producing stage), a stage folder from the cache
+(the same layout), or a plain model folder. A folder with ``genai_config.json`` is
+an ONNX Runtime GenAI model (format ``onnx``); anything else is a Hugging Face
+folder (format ``hf``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmopt.errors import UsageError
+
+MODEL_STAGE_PREFIXES = ("source", "compress", "export")
+
+
+@dataclass
+class ServedModel:
+    """A model opened for serving."""
+
+    name: str  # what clients pass as ``model``
+    model_dir: Path
+    format: str
+    runtime: Any  # llmopt.runtimes interface, with ``stream``
+    max_model_len: int  # longest prompt + completion, in tokens
+    vocab_size: int | None = None
+
+
+def locate(path: Path) -> tuple[Path, str, str]:
+    """(model folder, format, default served name) for an artifact or model folder."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder", fix="pass an artifact folder (with manifest.json) or a model folder")
+    manifest_path = path / "manifest.json"
+    if manifest_path.is_file() and (path / "model").is_dir():
+        manifest = json.loads(manifest_path.read_text())
+        model_dir = path / "model"
+        fmt = manifest_format(manifest) or detect_format(model_dir)
+        name = (manifest.get("recipe") or {}).get("name") or path.name
+        return model_dir, fmt, name
+    if not (path / "config.json").is_file() and not (path / "genai_config.json").is_file():
+        raise UsageError(f"{path} holds neither a model (config.json or genai_config.json) nor an artifact "
+                         "(manifest.json and model/)", fix="pass the artifact folder that `llmopt run` wrote, "
+                         "or a model folder")
+    return path, detect_format(path), path.name
+
+
+def manifest_format(manifest: dict) -> str | None:
+    """The model format an artifact or stage manifest records."""
+    outputs = manifest.get("outputs") or {}
+    if outputs.get("format"):  # a stage manifest
+        return outputs["format"]
+    stages = [s for s in manifest.get("stages") or [] if str(s.get("name", "")).startswith(MODEL_STAGE_PREFIXES)]
+    formats = [(s.get("outputs") or {}).get("format") for s in stages]
+    formats = [f for f in formats if f]
+    return formats[-1] if formats else None
+
+
+def detect_format(model_dir: Path) -> str:
+    return "onnx" if (model_dir / "genai_config.json").is_file() else "hf"
+
+
+def model_limits(model_dir: Path) -> tuple[int | None, int | None]:
+    """(context length, vocabulary size) from genai_config.json or config.json."""
+    genai = model_dir / "genai_config.json"
+    if genai.is_file():
+        model = json.loads(genai.read_text()).get("model", {})
+        return model.get("context_length"), model.get("vocab_size")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        return None, None
+    config = json.loads(config_path.read_text())
+    text = config.get("text_config") or config
+    context = text.get("max_position_embeddings") or config.get("max_position_embeddings")
+    return context, text.get("vocab_size") or config.get("vocab_size")
+
+
+def max_len(context: int | None, requested: int | None, model_dir: Path) -> int:
+    """The served context: ``--max-model-len`` when given (no more than the model's), else the model's."""
+    if requested is not None:
+        if requested < 2:
+            raise UsageError(f"--max-model-len {requested} is too small", fix="pass at least 2 tokens")
+        if context is not None and requested > context:
+            raise UsageError(f"--max-model-len {requested} exceeds the model's context of {context} tokens",
+                             where=str(model_dir), fix=f"pass --max-model-len {context} or less")
+        return requested
+    if context is None:
+        raise UsageError("the model's context length is not in its config", where=str(model_dir),
+                         fix="pass --max-model-len N")
+    return int(context)
+
+
+def load_model(path: Path, runtime: str = "auto", device: str = "cpu", max_model_len: int | None = None,
+               name: str | None = None) -> ServedModel:
+    """Open the model at ``path`` (artifact or model folder) for serving."""
+    from llmopt.runtimes import open_runtime
+
+    model_dir, fmt, default_name = locate(path)
+    context, vocab = model_limits(model_dir)
+    limit = max_len(context, max_model_len, model_dir)
+    opened = open_runtime(model_dir, fmt, runtime, device)
+    return ServedModel(name or default_name, model_dir, fmt, opened, limit, vocab)

@@ -1,0 +1,217 @@
+"""The generation worker: one thread owns the model and serves queued jobs one at a time.
+
+Runtimes are neither thread-safe nor able to overlap work on a CPU, so every
+runtime call happens on a single worker thread: generation, and the request
+handlers' tokenization too (``call``), which the worker runs between two tokens of
+the generation in progress. At most ``max_queue`` jobs wait while one generates;
+``submit`` raises QueueFull beyond that (HTTP 429). A cancelled job (its client
+went away) leaves the queue at once, or stops generating after the token in
+progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from concurrent.futures import Future
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from llmopt.server.metrics import Metrics
+from llmopt.server.text import TextStream
+
+log = logging.getLogger("llmopt.server")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    """One generation request. ``emit`` receives, on the worker thread, ("text", delta),
+    then ("done", finish_reason, completion_tokens) or ("error", message)."""
+
+    endpoint: str
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    emit: Callable[[tuple], None] = lambda event: None
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    completion_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, runtime, metrics: Metrics, max_queue: int = 16):
+        self.runtime = runtime
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._cond = threading.Condition()
+        self._calls: collections.deque[tuple] = collections.deque()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._running: Job | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def call(self, fn, *args) -> Future:
+        """Run ``fn(*args)`` (tokenization, templating) on the worker thread, soon: between two
+        tokens when a job is generating. Await it with ``asyncio.wrap_future``."""
+        future: Future = Future()
+        with self._cond:
+            if self._closing:
+                future.set_exception(RuntimeError("the server is shutting down"))
+                return future
+            self._calls.append((fn, args, future))
+            self._cond.notify()
+        return future
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="llmopt-generate", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._closing = True
+            for job in self._waiting:
+                job.cancelled.set()
+                _send(job, ("error", "the server is shutting down"))
+            for _, _, future in self._calls:
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(RuntimeError("the server is shutting down"))
+            self._calls.clear()
+            if self._running is not None:
+                self._running.cancelled.set()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._closing or len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting, the most this server queues")
+            self._waiting.append(job)
+            self._publish()
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job: drop it from the queue, or end its generation after the current token."""
+        if job.finished.is_set():
+            return
+        job.cancelled.set()
+        with self._cond:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._publish()
+                job.finished.set()
+                self.metrics.finished(job.endpoint, "cancelled", 0, 0)
+
+    def _publish(self) -> None:
+        self.metrics.queue(len(self._waiting), int(self._running is not None))
+
+    def _run_calls(self) -> None:
+        with self._cond:
+            calls = list(self._calls)
+            self._calls.clear()
+        for fn, args, future in calls:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except Exception as exc:  # handed to the awaiting handler
+                future.set_exception(exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._calls and not self._closing:
+                    self._cond.wait()
+                if self._closing:
+                    return
+            self._run_calls()
+            with self._cond:
+                if not self._waiting:
+                    continue
+                job = self._running = self._waiting.popleft()
+                self._publish()
+            try:
+                self._generate(job)
+            finally:
+                with self._cond:
+                    self._running = None
+                    self._publish()
+                job.finished.set()
+
+    def _generate(self, job: Job) -> None:
+        self.metrics.observe(self.metrics.queue_wait, time.monotonic() - job.arrived)
+        text = TextStream(self.runtime.decode, job.stop)
+        tokens, finish, first_at = None, None, None
+        try:
+            tokens = token_stream(self.runtime, job)
+            while not job.cancelled.is_set():
+                token = next(tokens, None)
+                if token is None:
+                    finish = "length" if job.completion_tokens >= job.max_tokens else "stop"
+                    break
+                job.completion_tokens += 1
+                delta, stopped = text.add(token)
+                if first_at is None:
+                    first_at = time.monotonic()
+                    self.metrics.observe(self.metrics.ttft, first_at - job.arrived)
+                if delta:
+                    _send(job, ("text", delta))
+                self._run_calls()
+                if stopped:
+                    finish = "stop"
+                    break
+        except Exception as exc:  # a runtime failure ends this request, not the server
+            log.exception("generation failed")
+            self.metrics.finished(job.endpoint, "error", len(job.prompt_ids), job.completion_tokens)
+            _send(job, ("error", f"generation failed: {type(exc).__name__}: {exc}"))
+            return
+        finally:
+            if hasattr(tokens, "close"):
+                tokens.close()
+        self._finish(job, finish, text, first_at)
+
+    def _finish(self, job: Job, finish: str | None, text: TextStream, first_at: float | None) -> None:
+        now = time.monotonic()
+        if finish is None:
+            self.metrics.finished(job.endpoint, "cancelled", len(job.prompt_ids), job.completion_tokens)
+            _send(job, ("done", "cancelled", job.completion_tokens))
+            return
+        rest = text.flush()
+        if rest:
+            _send(job, ("text", rest))
+        if first_at is not None and job.completion_tokens > 1:
+            self.metrics.observe(self.metrics.tpot, (now - first_at) / (job.completion_tokens - 1))
+        self.metrics.finished(job.endpoint, "ok", len(job.prompt_ids), job.completion_tokens, now - job.arrived)
+        _send(job, ("done", finish, job.completion_tokens))
+
+
+def token_stream(runtime, job: Job):
+    """The runtime's token iterator for a job (``stream``; ``generate`` for a runtime without it,
+    which can only be greedy and cannot stop early)."""
+    if hasattr(runtime, "stream"):
+        return iter(runtime.stream(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
+                                   seed=job.seed))
+    if job.temperature > 0:
+        raise ValueError(f"the {runtime.name} runtime can only generate greedily: pass temperature 0")
+    return iter(runtime.generate(job.prompt_ids, job.max_tokens))
+
+
+def _send(job: Job, event: tuple) -> None:
+    try:
+        job.emit(event)
+    except RuntimeError:  # the event loop has closed: the server is shutting down
+        job.cancelled.set()

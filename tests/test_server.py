@@ -1,0 +1,494 @@
+"""llmopt serve: the OpenAI-compatible server over the tiny model, through a real uvicorn
+server on 127.0.0.1 (completions, chat, streaming, usage, concurrency, queue limits,
+disconnects, errors, metrics), the token stream of the transformers runtime, the text
+stream with stop strings, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmopt.errors import UsageError
+from llmopt.server import ServedModel, bind, create_app
+from llmopt.server.chat import NoChatTemplate, read_template, render_chat, render_template, special_tokens
+from llmopt.server.model import load_model, locate
+from llmopt.server.text import TextStream
+
+from conftest import ROOT
+
+CHATML = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+MAX_LEN = 128
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where does the river run?"}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model runs faster on one thread than on a busy machine's two
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tiny_model, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("served") / "tiny-chat"
+    shutil.copytree(tiny_model, folder)
+    (folder / "chat_template.jinja").write_text(CHATML)
+    return folder
+
+
+@contextmanager
+def running(served: ServedModel, max_queue: int = 8):
+    """A uvicorn server in a thread on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(served, max_queue), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def served(chat_model) -> ServedModel:
+    return load_model(chat_model, max_model_len=MAX_LEN, name="tiny")
+
+
+@pytest.fixture(scope="module")
+def url(served):
+    with running(served) as base:
+        yield base
+
+
+class SlowRuntime:
+    """The real runtime, pausing after each token so that requests overlap in time."""
+
+    name = "transformers"
+
+    def __init__(self, inner, delay: float):
+        self.inner, self.delay, self.tokenizer = inner, delay, inner.tokenizer
+
+    def encode(self, text, bos=True):
+        return self.inner.encode(text, bos)
+
+    def decode(self, ids):
+        return self.inner.decode(ids)
+
+    def stream(self, *args, **kwargs):
+        for token in self.inner.stream(*args, **kwargs):
+            time.sleep(self.delay)
+            yield token
+
+
+@pytest.fixture(scope="module")
+def slow_url(chat_model):
+    served = load_model(chat_model, max_model_len=MAX_LEN, name="tiny")
+    served.runtime = SlowRuntime(served.runtime, 0.05)
+    with running(served, max_queue=1) as base:
+        yield base
+
+
+def post(base: str, path: str, body: dict, timeout: float = 60) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=timeout)
+
+
+def events(response: httpx.Response) -> list:
+    """The JSON payloads of a server-sent event stream, with "[DONE]" as a string."""
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+        else:
+            assert line == "", f"unexpected line in the stream: {line!r}"
+    return out
+
+
+def streamed(base: str, path: str, body: dict) -> list:
+    with httpx.stream("POST", base + path, json={**body, "stream": True}, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return events(response)
+
+
+def metrics(base: str) -> dict[str, float]:
+    """/metrics parsed with a line parser: {'name{labels}': value}; checks the format as it goes."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"]*",?)*\})? (\S+)$')
+    values, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            assert kind in ("counter", "gauge", "histogram", "summary")
+            typed.add(name)
+        elif line.startswith("# HELP ") or not line:
+            continue
+        else:
+            match = sample.match(line)
+            assert match, f"not a Prometheus sample line: {line!r}"
+            family = re.sub(r"_(bucket|sum|count)$", "", match.group(1))
+            assert match.group(1) in typed or family in typed, f"{line!r} has no TYPE line"
+            values[line.rsplit(" ", 1)[0]] = float(match.group(4))
+    return values
+
+
+def requests(m: dict, endpoint: str, status: str) -> float:
+    return m[f'llmopt_requests_total{{endpoint="{endpoint}",status="{status}"}}']
+
+
+# ---- the runtime's token stream and the text stream ------------------------------------
+
+
+def test_stream_greedy_equals_generate_and_sampling_repeats_with_a_seed(served):
+    rt = served.runtime
+    prompt = rt.encode("The river runs")
+    assert list(rt.stream(prompt, 12)) == rt.generate(prompt, 12)
+    first = list(rt.stream(prompt, 12, temperature=1.0, top_p=0.9, seed=5))
+    assert first == list(rt.stream(prompt, 12, temperature=1.0, top_p=0.9, seed=5))
+    assert len(set(first)) > 1 and first != list(rt.stream(prompt, 12, temperature=1.0, seed=6))
+    tokens = rt.stream(prompt, 12)
+    assert [next(tokens), next(tokens)] == rt.generate(prompt, 2)
+    tokens.close()  # stopping early is allowed
+
+
+def test_text_stream_holds_back_a_partial_stop_and_cuts_at_it():
+    pieces = {1: "Hel", 2: "lo ", 3: "wor", 4: "ld!", 5: " more"}
+    text = TextStream(lambda ids: "".join(pieces[i] for i in ids), ["o w", "END"])
+    assert text.add(1) == ("Hel", False)
+    assert text.add(2) == ("l", False)  # "o " could start "o w": held back
+    assert text.add(3) == ("", True)  # "o w" completed: the text ends before it
+    assert text.flush() == ""
+    plain = TextStream(lambda ids: "".join(pieces[i] for i in ids), ["!?"])
+    assert [plain.add(i)[0] for i in (1, 2, 3, 4)] == ["Hel", "lo ", "wor", "ld"]  # "!" may start "!?"
+    assert plain.flush() == "!"
+
+
+def test_text_stream_holds_back_a_split_character():
+    chunks = {1: "caf", 2: "\ufffd", 3: "é!"}  # decode of [1, 2] ends in half a character
+    seen = {(1,): "caf", (1, 2): "caf\ufffd", (1, 2, 3): "café!"}
+    text = TextStream(lambda ids: seen[tuple(ids)], [])
+    assert [text.add(i)[0] for i in chunks] == ["caf", "", "é!"]
+
+
+# ---- completions and chat ---------------------------------------------------------------
+
+
+def test_health_and_models(url):
+    health = httpx.get(url + "/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    models = httpx.get(url + "/v1/models", timeout=10).json()
+    assert models["object"] == "list"
+    assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [("tiny", "model", MAX_LEN)]
+
+
+def test_completion_text_and_usage_match_the_runtime(url, served):
+    rt = served.runtime
+    prompt = "The river runs past the mill"
+    reply = post(url, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0})
+    assert reply.status_code == 200
+    body = reply.json()
+    expected = rt.generate(rt.encode(prompt), 10)
+    n_prompt = len(rt.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + 1  # + BOS
+    assert body["object"] == "text_completion" and body["model"] == "tiny"
+    assert body["choices"][0]["text"] == rt.decode(expected)
+    assert body["choices"][0]["finish_reason"] == ("length" if len(expected) == 10 else "stop")
+    assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": len(expected),
+                             "total_tokens": n_prompt + len(expected)}
+
+
+def test_streamed_completion_equals_the_plain_one(url):
+    body = {"prompt": "Stones in the water", "max_tokens": 12, "temperature": 0.9, "seed": 11}
+    plain = post(url, "/v1/completions", body).json()
+    chunks = streamed(url, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
+    assert chunks[-1] == "[DONE]"
+    usage, finals = chunks[-2], chunks[:-2]
+    assert usage["choices"] == [] and usage["usage"] == plain["usage"]
+    assert len(finals) >= 2 and all(c["object"] == "text_completion" for c in finals)
+    assert "".join(c["choices"][0]["text"] for c in finals) == plain["choices"][0]["text"]
+    assert [c["choices"][0]["finish_reason"] for c in finals][-1] == plain["choices"][0]["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in finals[:-1])
+    no_usage = streamed(url, "/v1/completions", body)
+    assert all(c == "[DONE]" or c["choices"] for c in no_usage)  # no usage chunk unless asked
+
+
+def test_chat_plain_and_streamed_with_the_models_template(url, served, chat_model):
+    rt = served.runtime
+    rendered = rt.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert rendered == render_chat(object(), chat_model, MESSAGES)  # the jinja2 path other runtimes take
+    assert rendered.startswith("<s><|system|>Be brief.</s>") and rendered.endswith("<|assistant|>")
+    expected = rt.generate(rt.encode(rendered, bos=False), 8)
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8, "temperature": 0}
+    plain = post(url, "/v1/chat/completions", body).json()
+    assert plain["object"] == "chat.completion"
+    assert plain["choices"][0]["message"] == {"role": "assistant", "content": rt.decode(expected)}
+    assert plain["usage"]["prompt_tokens"] == len(rt.encode(rendered, bos=False))
+    assert plain["usage"]["completion_tokens"] == len(expected)
+    chunks = streamed(url, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
+    assert chunks[0]["object"] == "chat.completion.chunk"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-3]["choices"][0]["delta"] == {} and chunks[-3]["choices"][0]["finish_reason"]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-2]) == rt.decode(expected)
+    assert chunks[-2]["usage"] == plain["usage"]
+
+
+def test_chat_template_from_tokenizer_config_and_without_one(tiny_model, tmp_path):
+    with pytest.raises(NoChatTemplate):
+        render_chat(object(), tiny_model, MESSAGES)
+    config = {"bos_token": {"content": "<s>"}, "eos_token": "</s>",
+              "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": CHATML}]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert read_template(tmp_path) == CHATML
+    assert special_tokens(tmp_path) == {"bos_token": "<s>", "eos_token": "</s>"}
+    assert render_template(CHATML, MESSAGES[1:], special_tokens(tmp_path)) == (
+        "<s><|user|>Where does the river run?</s><|assistant|>")
+
+
+def test_stop_strings_end_the_text_plain_and_streamed(url):
+    body = {"prompt": "A long road", "max_tokens": 24, "temperature": 1.0, "seed": 3}
+    full = post(url, "/v1/completions", body).json()["choices"][0]["text"]
+    assert len(full) >= 8, full
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    cut = full[: full.find(stop)]
+    plain = post(url, "/v1/completions", {**body, "stop": [stop, "never-seen"]}).json()
+    assert plain["choices"][0]["text"] == cut and plain["choices"][0]["finish_reason"] == "stop"
+    assert plain["usage"]["completion_tokens"] < 24
+    chunks = streamed(url, "/v1/completions", {**body, "stop": stop})
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == cut
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_concurrent_clients_get_what_sequential_ones_get(url):
+    bodies = [{"prompt": f"Request {i} about the river", "max_tokens": 8, "temperature": 0.0 if i % 2 else 1.0,
+               "seed": i} for i in range(6)]
+    sequential = [post(url, "/v1/completions", b).json()["choices"][0]["text"] for b in bodies]
+
+    def one(i: int) -> str:
+        if i % 3 == 0:
+            return "".join(c["choices"][0]["text"] for c in streamed(url, "/v1/completions", bodies[i])[:-1])
+        return post(url, "/v1/completions", bodies[i]).json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(6) as pool:
+        concurrent = list(pool.map(one, range(6)))
+    assert concurrent == sequential
+    assert len(set(sequential)) > 1
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+def test_request_errors_answer_openai_error_json(url):
+    before = metrics(url)
+    bad_json = httpx.post(url + "/v1/completions", content=b'{"prompt": "x",', timeout=10,
+                          headers={"content-type": "application/json"})
+    assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
+    form = httpx.post(url + "/v1/completions", content=b'{"prompt": "x"}', timeout=10,
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 400 and "Content-Type: application/json" in form.json()["error"]["message"]
+    unknown = post(url, "/v1/completions", {"prompt": "x", "temprature": 0.5})
+    assert unknown.status_code == 400
+    assert unknown.json()["error"] == {"message": "Unrecognized request argument supplied: temprature",
+                                       "type": "invalid_request_error", "param": "temprature", "code": None}
+    wrong = post(url, "/v1/chat/completions", {"model": "gpt-4o", "messages": MESSAGES})
+    assert wrong.status_code == 404 and wrong.json()["error"]["code"] == "model_not_found"
+    long_prompt = post(url, "/v1/completions", {"prompt": "river " * 200, "max_tokens": 4})
+    assert long_prompt.status_code == 400 and long_prompt.json()["error"]["code"] == "context_length_exceeded"
+    assert f"maximum context length is {MAX_LEN} tokens" in long_prompt.json()["error"]["message"]
+    too_many = post(url, "/v1/completions", {"prompt": "river", "max_tokens": MAX_LEN})
+    assert too_many.status_code == 400 and too_many.json()["error"]["code"] == "context_length_exceeded"
+    unsupported = post(url, "/v1/chat/completions", {"messages": MESSAGES, "n": 3})
+    assert unsupported.status_code == 400 and "n=3 is not supported" in unsupported.json()["error"]["message"]
+    out_of_range = post(url, "/v1/completions", {"prompt": "x", "temperature": 3})
+    assert out_of_range.status_code == 400 and out_of_range.json()["error"]["param"] == "temperature"
+    after = metrics(url)
+    assert requests(after, "completions", "invalid") - requests(before, "completions", "invalid") == 6
+    assert requests(after, "chat", "invalid") - requests(before, "chat", "invalid") == 1
+    assert requests(after, "chat", "not_found") - requests(before, "chat", "not_found") == 1
+
+
+# ---- queue limit and disconnects (a slowed runtime, max-queue 1) -------------------------
+
+
+def wait_for(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def test_full_queue_answers_429_and_waiting_requests_are_served(slow_url):
+    before = metrics(slow_url)
+    with httpx.stream("POST", slow_url + "/v1/completions", timeout=60,
+                      json={"prompt": "The river", "max_tokens": 100, "temperature": 0, "stream": True}) as first:
+        lines = first.iter_lines()  # kept: dropping the iterator would close the connection
+        assert next(lines).startswith("data: ")  # generating now
+        waiting = ThreadPoolExecutor(1).submit(post, slow_url, "/v1/completions", {"prompt": "second", "max_tokens": 2})
+        wait_for(lambda: metrics(slow_url)["llmopt_queue_depth"] == 1)
+        refused = post(slow_url, "/v1/completions", {"prompt": "third", "max_tokens": 2})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and refused.headers["retry-after"] == "1"
+    # leaving the block disconnects the first client, which frees the worker for the second
+    assert waiting.result(timeout=60).status_code == 200
+    after = metrics(slow_url)
+    assert requests(after, "completions", "queue_full") - requests(before, "completions", "queue_full") == 1
+    assert requests(after, "completions", "cancelled") - requests(before, "completions", "cancelled") == 1
+    assert requests(after, "completions", "ok") - requests(before, "completions", "ok") == 1
+    generated = after["llmopt_generation_tokens_total"] - before["llmopt_generation_tokens_total"]
+    assert generated < 100 + 2  # the first stopped early
+
+
+def test_disconnect_mid_stream_frees_the_slot(slow_url):
+    before = metrics(slow_url)
+    with httpx.stream("POST", slow_url + "/v1/chat/completions", timeout=60,
+                      json={"messages": MESSAGES, "max_tokens": 80, "temperature": 0, "stream": True}) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()
+        got = [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
+        assert len(got) == 3  # the role chunk and two tokens
+    follow = post(slow_url, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3, "temperature": 0})
+    assert follow.status_code == 200 and follow.json()["usage"]["completion_tokens"] <= 3
+    wait_for(lambda: metrics(slow_url)["llmopt_requests_running"] == 0)
+    after = metrics(slow_url)
+    assert requests(after, "chat", "cancelled") - requests(before, "chat", "cancelled") == 1
+    assert requests(after, "chat", "ok") - requests(before, "chat", "ok") == 1
+    cancelled_tokens = (after["llmopt_generation_tokens_total"] - before["llmopt_generation_tokens_total"]
+                        - follow.json()["usage"]["completion_tokens"])
+    assert 2 <= cancelled_tokens < 80
+
+
+def test_disconnect_while_waiting_for_a_plain_answer_cancels_it(slow_url):
+    before = metrics(slow_url)
+    with pytest.raises(httpx.ReadTimeout):
+        post(slow_url, "/v1/completions", {"prompt": "The river", "max_tokens": 100, "temperature": 0}, timeout=0.5)
+    wait_for(lambda: requests(metrics(slow_url), "completions", "cancelled")
+             > requests(before, "completions", "cancelled"))
+    wait_for(lambda: metrics(slow_url)["llmopt_requests_running"] == 0)
+    generated = metrics(slow_url)["llmopt_generation_tokens_total"] - before["llmopt_generation_tokens_total"]
+    assert generated < 100
+
+
+def test_metrics_are_prometheus_text_with_consistent_histograms(url):
+    post(url, "/v1/completions", {"prompt": "count me", "max_tokens": 3})
+    m = metrics(url)
+    assert requests(m, "completions", "ok") >= 1 and m["llmopt_generation_tokens_total"] >= 1
+    assert m["llmopt_queue_depth"] == 0
+    for name in ("llmopt_time_to_first_token_seconds", "llmopt_request_latency_seconds", "llmopt_queue_wait_seconds"):
+        buckets = [v for k, v in m.items() if k.startswith(name + "_bucket")]
+        assert buckets == sorted(buckets) and buckets[-1] == m[name + "_count"] >= 1
+        assert m[f'{name}_bucket{{le="+Inf"}}'] == m[name + "_count"] and m[name + "_sum"] > 0
+
+
+# ---- model folders and the CLI -----------------------------------------------------------
+
+
+def make_artifact(folder: Path, model: Path) -> Path:
+    shutil.copytree(model, folder / "model")
+    manifest = {"recipe": {"name": "tiny-artifact"}, "stages": [{"name": "source", "outputs": {"format": "hf"}}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_locate_artifacts_and_model_folders(tmp_path, tiny_model):
+    art = make_artifact(tmp_path / "art", tiny_model)
+    assert locate(art) == (art / "model", "hf", "tiny-artifact")
+    assert locate(tiny_model) == (tiny_model, "hf", tiny_model.name)
+    onnx = tmp_path / "onnx-model"
+    onnx.mkdir()
+    (onnx / "genai_config.json").write_text(json.dumps({"model": {"context_length": 2048, "vocab_size": 512}}))
+    assert locate(onnx) == (onnx, "onnx", "onnx-model")
+    with pytest.raises(UsageError, match="neither a model"):
+        locate(tmp_path)
+    with pytest.raises(UsageError, match="exceeds the model's context of 512"):
+        load_model(tiny_model, max_model_len=4096)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers: 10-30 s on a small CPU machine
+def test_cli_serves_an_artifact_until_interrupted(tmp_path, tiny_model):
+    art = make_artifact(tmp_path / "art", tiny_model)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt", "serve", str(art), "--port", str(port),
+                             "--max-model-len", "64", "--format", "json"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                return httpx.get(base + "/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, timeout=120)
+        models = httpx.get(base + "/v1/models", timeout=10).json()["data"]
+        assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny-artifact", 64)]
+        reply = post(base, "/v1/completions", {"model": "tiny-artifact", "prompt": "river", "max_tokens": 2})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    info = json.loads(out)
+    assert info["url"] == f"http://127.0.0.1:{port}/v1" and info["format"] == "hf" and info["model"] == "tiny-artifact"
+
+
+def test_cli_serve_usage_errors(capsys, tmp_path, tiny_model):
+    from llmopt.cli.main import main
+
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert main(["serve", str(tiny_model), "--runtime", "vllm"]) == 2
+    assert "unknown runtime 'vllm'" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", str(tiny_model), "--port", str(taken.getsockname()[1])]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # builds an ONNX Runtime GenAI model from the tiny model (about a minute on a small CPU machine)
+def test_onnx_model_folder_is_served_like_the_transformers_one(chat_model, url, tmp_path):
+    pytest.importorskip("onnxruntime_genai")
+    onnx = tmp_path / "tiny-onnx"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(chat_model), "-o", str(onnx),
+                    "-p", "fp32", "-e", "cpu", "-c", str(tmp_path / "build-cache")], check=True, capture_output=True)
+    served = load_model(onnx, max_model_len=MAX_LEN, name="tiny")
+    assert (served.format, served.runtime.name) == ("onnx", "onnxruntime")
+    bodies = [("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 8, "temperature": 0}),
+              ("/v1/completions", {"prompt": "The river runs", "max_tokens": 10, "temperature": 0})]
+    with running(served) as onnx_url:
+        for path, body in bodies:
+            onnx_answer, hf_answer = post(onnx_url, path, body).json(), post(url, path, body).json()
+            assert onnx_answer["choices"] == hf_answer["choices"] and onnx_answer["usage"] == hf_answer["usage"]
+        sampled = {"prompt": "The river runs", "max_tokens": 10, "temperature": 0.9, "seed": 4}
+        plain = post(onnx_url, "/v1/completions", sampled).json()["choices"][0]["text"]
+        assert "".join(c["choices"][0]["text"] for c in streamed(onnx_url, "/v1/completions", sampled)[:-1]) == plain
