@@ -1,0 +1,165 @@
+"""Plan-time checks shared by the compression backends (config facts only, no heavy imports).
+
+* architecture: which decoder families the backends accept;
+* group size: a group (or block) size must divide the input width of every
+  layer it quantizes, else the suggestion names a size that does, or the layers
+  to leave out;
+* calibration memory: the estimate of ``llmopt.estimates.calibration_bytes``
+  against this machine's available RAM and, when a target GPU is named, its memory;
+* GPU capability: FP8 / NVFP4 compute needs a recent GPU (said here only when the
+  recipe has no [serve] section; the serve backends own the engine x GPU table);
+* calibration data: the spec in [calibration] must name readable data.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from llmopt import calibration, estimates
+from llmopt.errors import Problem
+
+# Llama-style decoders: model.layers[i].{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# quantizers also run on these (llm-compressor / ModelOpt know them); pruning does not
+QUANTIZE_TYPES = DECODER_TYPES + ("gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "qwen2_moe",
+                                  "qwen3_moe", "mixtral", "deepseek_v3")
+
+
+def architecture(ctx, accepted: tuple[str, ...], what: str, severity: str = "error") -> list[Problem]:
+    """A problem when the model's type is not one ``what`` handles."""
+    info = ctx.model
+    if info is None or info.model_type in accepted:
+        return []
+    return [ctx.problem(f"{what} does not support model_type {info.model_type!r}", "method", severity=severity,
+                        hint=f"supported model types: {', '.join(accepted)}")]
+
+
+def not_quantized(ctx) -> list[Problem]:
+    """The source must hold unquantized weights."""
+    info = ctx.model
+    if info is None or not info.quantization:
+        return []
+    method = info.quantization.get("quant_method", "unknown")
+    return [ctx.problem(f"the source model is already quantized ({method}); its weights cannot be compressed again",
+                        "method", hint="start from the unquantized (bf16/fp16) checkpoint")]
+
+
+def largest_group(widths: list[int], limit: int = 128) -> int | None:
+    """The largest power of two <= ``limit`` that divides every width (None when even 2 does not)."""
+    g = limit
+    while g >= 2:
+        if all(w % g == 0 for w in widths):
+            return g
+        g //= 2
+    return None
+
+
+def ignored(layer: str, ignore: list[str]) -> bool:
+    """Whether a layer kind (q_proj, down_proj...) is matched by an ignore entry (a name or re: pattern)."""
+    return any(layer in pattern for pattern in ignore)
+
+
+def group_size(ctx, size: int | None, ignore: list[str], key: str = "group_size", fixed: bool = False) -> list[Problem]:
+    """``size`` must divide the input width of every targeted linear layer (``fixed``: the format's own size)."""
+    if ctx.model is None or not size:
+        return []
+    widths = {name: w for name, w in ctx.model.linear_inputs.items() if not ignored(name, ignore)}
+    bad = {name: w for name, w in widths.items() if w % size}
+    if not bad:
+        return []
+    layers = ", ".join(f"{name} ({w})" for name, w in bad.items())
+    skip = f"leave these layers unquantized: ignore = {_ignore_list(ignore, bad)}"
+    if fixed:
+        return [ctx.problem(f"the format's group of {size} does not divide the input width of {layers}", "method",
+                            hint=skip)]
+    best = largest_group(list(widths.values()))
+    hint = f"use {key} = {best}, the largest power of two that divides every targeted layer's input width" if best \
+        else "no power-of-two group size divides every input width"
+    return [ctx.problem(f"{key} {size} does not divide the input width of {layers}", key, hint=f"{hint}; or {skip}")]
+
+
+def _ignore_list(ignore: list[str], bad: dict[str, int]) -> str:
+    entries = list(ignore) + [f"re:.*{name}$" for name in bad]
+    return "[" + ", ".join(f'"{e}"' for e in entries) + "]"
+
+
+def available_ram() -> int | None:
+    """MemAvailable of this machine in bytes (Linux), else None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def calibration_memory(ctx) -> list[Problem]:
+    """Warn when the calibration estimate exceeds this machine's RAM or the target GPU's memory."""
+    info = ctx.model
+    if info is None:
+        return []
+    recipe = ctx.recipe.recipe
+    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
+    cal = recipe.calibration
+    need = estimates.calibration_bytes(info, dtype, cal.samples, cal.max_seq_len)
+    problems = []
+    ram = available_ram()
+    if ram is not None and need > ram:
+        problems.append(ctx.problem(
+            f"calibration needs about {need / 2**30:.1f} GiB; this machine has {ram / 2**30:.1f} GiB available",
+            "method", severity="warning",
+            hint="run on a larger machine, or lower calibration.samples / calibration.max_seq_len"))
+    if ctx.gpu is not None and need > ctx.gpu.memory_bytes:
+        problems.append(ctx.problem(
+            f"calibration needs about {need / 2**30:.1f} GiB, more than one {ctx.gpu.name} "
+            f"({ctx.gpu.memory_gib:.0f} GiB) holds", "method", severity="warning",
+            hint="use pipeline = \"sequential\" (weights stay in host memory, one layer at a time on the GPU)"))
+    return problems
+
+
+def gpu_compute(ctx, need_cc: tuple[int, int], what: str) -> list[Problem]:
+    """Warn when the target GPU cannot compute in this format (only without a [serve] section)."""
+    gpu = ctx.gpu
+    if gpu is None or ctx.recipe.recipe.serve is not None or tuple(gpu.cc) >= need_cc:
+        return []
+    return [ctx.problem(
+        f"{what} compute needs compute capability >= {need_cc[0]}.{need_cc[1]}; {gpu.name} has {gpu.cc_str}, "
+        "so engines fall back to a slower weight-only path or refuse the checkpoint", "method", severity="warning",
+        hint="pick a method your GPU computes natively (gptq / awq for int4 weights), or a newer target GPU")]
+
+
+def calibration_data(ctx) -> list[Problem]:
+    """The [calibration] data spec must name readable data."""
+    return calibration.check(ctx.recipe.recipe.calibration, ctx.recipe.path.parent,
+                             ctx.recipe.where("calibration", "data"))
+
+
+def quantizer(ctx, name: str, calibrates: bool) -> list[Problem]:
+    """Checks every quantization backend runs."""
+    problems = architecture(ctx, QUANTIZE_TYPES, name, severity="warning")
+    problems += not_quantized(ctx)
+    if calibrates:
+        problems += calibration_data(ctx) + calibration_memory(ctx)
+    return problems
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def group_overhead_bits(bits: int, group_size: int | None, scale_bits: int = 16, zero_bits: int = 0) -> float:
+    """Bits per weight including one scale (and zero point) per group."""
+    if not group_size:
+        return float(bits)
+    return bits + (scale_bits + zero_bits) / group_size
+
+
+def round_to(value: float, multiple: int) -> int:
+    """``value`` rounded down to a multiple (at least one multiple)."""
+    return max(multiple, int(math.floor(value / multiple)) * multiple)

@@ -1,0 +1,236 @@
+"""Plain functions the llm-compressor backends share: load, calibrate, oneshot, save, summarise.
+
+``quantize(ctx, build_recipe, ...)`` is the whole stage: load a fresh copy of the
+upstream model (``oneshot`` changes it in place), build the calibration rows from
+the recipe's [calibration] when the method calibrates, run ``oneshot`` with the
+library's logs sent to the run log (never the terminal), and save a
+compressed-tensors checkpoint with its tokenizer under ``<stage>/model``.
+Needs: llmcompressor, compressed-tensors, torch, transformers (the ``compress`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import Field
+
+from llmopt import calibration
+from llmopt.backends.base import require
+from llmopt.errors import StageFailed
+
+REQUIRES = ("llmcompressor", "compressed-tensors", "torch", "transformers")
+EXTRA = "compress"
+
+Pipeline = Literal["auto", "basic", "sequential", "datafree"]
+PIPELINE_HELP = (
+    "Calibration pipeline: auto (llm-compressor's choice per method: sequential, layer by layer, for methods "
+    "that calibrate; datafree otherwise), basic (one forward pass of the whole model, fastest for small "
+    "models that fit in memory, no error propagation between layers), sequential (one decoder layer at a "
+    "time on the device: models larger than GPU memory; quantization error propagates to later layers)."
+)
+IGNORE_HELP = "Layers left unquantized: module names or `re:` patterns (the default keeps lm_head in full precision)."
+KV_HELP = "Quantize the KV cache: fp8 writes static per-tensor FP8 scales for K and V (kv_cache_scheme), none leaves it."
+
+
+def kv_cache_field():
+    return Field("none", description=KV_HELP)
+
+
+@contextlib.contextmanager
+def library_logs(log):
+    """llm-compressor's loguru records go to the run log for the duration of the block (its tqdm bars
+    write to stderr, which the runner sends to the run log)."""
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        require("llmcompressor", EXTRA, "llm-compressor backends")  # its import adds a stdout sink and warns
+    from loguru import logger
+
+    logger.remove()  # every sink, including the stdout one added at import
+    logger.enable("llmcompressor")
+    sink = logger.add(lambda message: log.info("llmcompressor: %s", message.record["message"]), level="INFO",
+                      format="{message}")
+    for line in captured.getvalue().splitlines():
+        log.info("llmcompressor: %s", line)
+    try:
+        yield
+    finally:
+        logger.remove(sink)
+
+
+@contextlib.contextmanager
+def no_pinned_memory():
+    """AWQ pins its cached activations, which raises on a machine without an accelerator;
+    pinning is a no-op inside this block when CUDA is absent (and untouched when present)."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    original = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = original
+
+
+@contextlib.contextmanager
+def cpu_threads(device: str):
+    """On CPU, ``LLMOPT_CPU_THREADS`` (when set) caps torch's intra-op threads for the block.
+
+    GPTQ and AWQ run many small operations; on a busy machine, threads that wait for each
+    other at every operation can make them several times slower than one thread."""
+    import torch
+
+    wanted = os.environ.get("LLMOPT_CPU_THREADS")
+    if device != "cpu" or not wanted:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(wanted)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def load_tokenizer(ctx):
+    transformers = require("transformers", "torch", ctx.name)
+    return transformers.AutoTokenizer.from_pretrained(ctx.model_dir,
+                                                      trust_remote_code=ctx.recipe.recipe.model.trust_remote_code)
+
+
+def load_model(ctx, device: str, keep_on_cpu: bool = False):
+    """A fresh copy of the upstream model in the recipe's dtype, on the GPU when it fits there."""
+    torch = require("torch", "torch", ctx.name)
+    transformers = require("transformers", "torch", ctx.name)
+    dtype = ctx.recipe.recipe.model.dtype
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        ctx.model_dir, dtype=dtype, trust_remote_code=ctx.recipe.recipe.model.trust_remote_code)
+    if device.startswith("cuda") and not keep_on_cpu:
+        free, _ = torch.cuda.mem_get_info()
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        if size * 1.5 < free:
+            model.to(device)
+        else:
+            ctx.log.info("model (%.1f GiB) stays in host memory; layers are moved to the GPU one at a time",
+                         size / 2**30)
+    model.eval()
+    return model
+
+
+def pipeline_name(pipeline: str) -> str | None:
+    """llm-compressor's ``pipeline`` argument (None: its per-modifier inference)."""
+    return None if pipeline == "auto" else pipeline
+
+
+def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str, out: Path, seed: int,
+                wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
+    """``oneshot`` on ``model`` in place, saving the compressed checkpoint to ``out``; returns seconds."""
+    torch = require("torch", "torch", ctx.name)
+    from llmcompressor import oneshot
+
+    kwargs = {"model": model, "processor": tokenizer, "recipe": recipe, "output_dir": str(out)}
+    name = pipeline_name(pipeline)
+    if name is not None:
+        kwargs["pipeline"] = name
+    if rows is not None:
+        kwargs.update(dataset=calibration.as_dataset(rows), num_calibration_samples=len(rows.rows),
+                      max_seq_length=rows.seq_len, shuffle_calibration_samples=False)
+    torch.manual_seed(seed)
+    started = time.monotonic()
+    with wrap():
+        oneshot(**kwargs)
+    return time.monotonic() - started
+
+
+def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: str = "auto",
+             wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict:
+    """The whole llm-compressor stage; ``build_recipe`` returns the modifiers (built after the import)."""
+    if ctx.model_format != "hf":
+        raise StageFailed(f"{ctx.name} needs a Hugging Face model folder, got format {ctx.model_format!r}",
+                          where=ctx.name, fix="put the compression steps before the export step")
+    with library_logs(ctx.log), cpu_threads(ctx.device):
+        tokenizer = load_tokenizer(ctx)
+        rows = calibration.load(ctx, tokenizer) if calibrates else None
+        ctx.progress("loading the model")
+        model = load_model(ctx, ctx.device, keep_on_cpu=pipeline == "sequential")
+        out = ctx.out_dir / "model"
+        ctx.progress("calibrating and compressing" if calibrates else "compressing")
+        seconds = run_oneshot(ctx, model, tokenizer, build_recipe(), rows, pipeline, out,
+                              ctx.recipe.recipe.calibration.seed, wrap)
+    del model
+    copy_tokenizer_files(ctx.model_dir, out)
+    outputs = {"format": "hf", "model_dir": "model", "quantization": summary(out), "device": ctx.device,
+               "pipeline": pipeline, "compress_seconds": round(seconds, 2)}
+    if rows is not None:
+        outputs["calibration"] = rows.summary()
+    return outputs
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "chat_template.jinja", "vocab.json", "merges.txt", "generation_config.json")
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
+    """Copy tokenizer / generation files the save did not write (a library save may skip some)."""
+    import shutil
+
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file() and not (dst / name).exists():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def _brief(args: dict | None) -> dict | None:
+    if not args:
+        return None
+    keys = ("num_bits", "type", "strategy", "group_size", "symmetric", "dynamic", "actorder")
+    return {k: args[k] for k in keys if args.get(k) is not None}
+
+
+def summary(model_dir: Path) -> dict:
+    """The checkpoint's quantization metadata in brief (from config.json)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    q = config.get("quantization_config") or {}
+    groups = {name: {"targets": g.get("targets"), "weights": _brief(g.get("weights")),
+                     "input_activations": _brief(g.get("input_activations"))}
+              for name, g in (q.get("config_groups") or {}).items()}
+    return {"quant_method": q.get("quant_method"), "format": q.get("format"), "ignore": q.get("ignore"),
+            "kv_cache_scheme": _brief(q.get("kv_cache_scheme")), "config_groups": groups,
+            "sparsity_config": q.get("sparsity_config")}
+
+
+def scheme_args(bits: int, kind: str = "int", strategy: str = "group", group_size: int | None = None,
+                symmetric: bool = True, actorder: str | None = None, dynamic: bool = False):
+    """compressed-tensors QuantizationArgs for weights or activations."""
+    from compressed_tensors.quantization import QuantizationArgs
+
+    return QuantizationArgs(num_bits=bits, type=kind, strategy=strategy, group_size=group_size,
+                            symmetric=symmetric, actorder=actorder, dynamic=dynamic)
+
+
+def weight_scheme(bits: int, group_size: int | None, symmetric: bool, actorder: str | None = None,
+                  activations=None) -> dict:
+    """``config_groups`` for integer weights per group (or per channel when group_size is None)."""
+    from compressed_tensors.quantization import QuantizationScheme
+
+    weights = scheme_args(bits, "int", "group" if group_size else "channel", group_size, symmetric, actorder)
+    return {"group_0": QuantizationScheme(targets=["Linear"], weights=weights, input_activations=activations)}
+
+
+def kv_cache_scheme(kind: str):
+    """FP8 per-tensor static K/V scales, or None."""
+    if kind == "none":
+        return None
+    return scheme_args(8, "float", "tensor", None, True)

@@ -1,0 +1,68 @@
+"""Compress: AWQ (llm-compressor), activation-aware 4-bit weights.
+
+Per decoder layer, AWQ searches a scale for each input channel of the layers that
+share an input (q/k/v, gate/up, ...) on calibration activations, folds it into the
+preceding norm or linear, then quantizes the weights round-to-nearest in groups.
+Asymmetric (zero point) by default, as AWQ checkpoints usually are.
+Needs: llmcompressor, compressed-tensors, torch, transformers (``pip install 'llmopt[compress]'``).
+On a machine without CUDA, llm-compressor's pinning of cached activations is
+turned off for the duration of the call.
+Produces: ``model/``, a compressed-tensors pack-quantized checkpoint with its
+tokenizer (served by vLLM and SGLang as W4A16).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+
+class AWQOptions(Options):
+    scheme: Literal["W4A16"] = Field("W4A16", description="4-bit weights in groups, 16-bit activations.")
+    group_size: int = Field(128, ge=8, description="Weights sharing one scale along the input dimension; must "
+                            "divide every targeted layer's input width.")
+    symmetric: bool = Field(False, description="Symmetric weights; false (the AWQ default) stores a zero point per group.")
+    duo_scaling: bool | Literal["both"] = Field(
+        True, description="Search scales from activations and weights (true), activations only (false), or both "
+        "halves of the grid (\"both\").")
+    n_grid: int = Field(20, ge=2, le=100, description="Grid points searched per scale; fewer is faster and a little worse.")
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
+    pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
+
+
+@register("compress", "awq")
+class AWQ:
+    Options = AWQOptions
+    requires = lc.REQUIRES
+    extra = lc.EXTRA
+    calibrates = True
+    quantizes = True
+    prunes = False
+
+    def bits_per_weight(self, options: AWQOptions) -> float:
+        return _checks.group_overhead_bits(4, options.group_size, 16, 0 if options.symmetric else 4)
+
+    def check(self, options: AWQOptions, ctx: PlanContext) -> list[Problem]:
+        problems = _checks.quantizer(ctx, "awq", calibrates=True)
+        return problems + _checks.group_size(ctx, options.group_size, options.ignore)
+
+    def run(self, options: AWQOptions, ctx: StageContext) -> dict:
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
+                           wrap=lc.no_pinned_memory)
+
+
+def build(options: AWQOptions) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier
+
+    groups = lc.weight_scheme(4, options.group_size, options.symmetric)
+    return [AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid),
+            QuantizationModifier(config_groups=groups, ignore=options.ignore,
+                                 kv_cache_scheme=lc.kv_cache_scheme(options.kv_cache))]

@@ -1,0 +1,48 @@
+"""Compress: FP8 dynamic (llm-compressor FP8_DYNAMIC), no calibration data.
+
+Weights become FP8 (E4M3) with one scale per output channel; activations are
+quantized to FP8 per token at run time, so nothing is calibrated. The simplest
+8-bit method: small loss, half the weight memory, FP8 tensor cores on GPUs of
+compute capability 8.9 and newer. For an FP8 KV cache (static scales need
+calibration data) use ``fp8_static``.
+Needs: llmcompressor, compressed-tensors, torch, transformers (``pip install 'llmopt[compress]'``).
+Produces: ``model/``, a compressed-tensors float-quantized checkpoint with its tokenizer.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+
+class FP8Options(Options):
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+
+
+@register("compress", "fp8")
+class FP8Dynamic:
+    Options = FP8Options
+    requires = lc.REQUIRES
+    extra = lc.EXTRA
+    calibrates = False
+    quantizes = True
+    prunes = False
+
+    def bits_per_weight(self, options: FP8Options) -> float:
+        return 8.0
+
+    def check(self, options: FP8Options, ctx: PlanContext) -> list[Problem]:
+        return _checks.quantizer(ctx, "fp8", calibrates=False) + _checks.gpu_compute(ctx, (8, 9), "FP8")
+
+    def run(self, options: FP8Options, ctx: StageContext) -> dict:
+        return lc.quantize(ctx, lambda: build(options), calibrates=False)
+
+
+def build(options: FP8Options) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=options.ignore)]

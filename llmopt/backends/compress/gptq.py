@@ -1,0 +1,87 @@
+"""Compress: GPTQ (llm-compressor), integer weights chosen layer by layer to minimise output error.
+
+Schemes: W4A16 (4-bit weights in groups, 16-bit activations; vLLM's Marlin kernels),
+W8A16 (8-bit weights per channel) and W8A8 (8-bit weights per channel and 8-bit
+dynamic per-token activations). Each decoder linear layer's Hessian is gathered on
+the recipe's calibration data, then its columns are quantized in order (optionally
+by activation order) with the error pushed onto the columns not yet quantized.
+Needs: llmcompressor, compressed-tensors, torch, transformers (``pip install 'llmopt[compress]'``).
+Produces: ``model/``, a compressed-tensors checkpoint (pack-quantized for 4 bits)
+with its tokenizer; config.json carries ``quantization_config`` (quant_method
+compressed-tensors).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+DEFAULT_GROUP = {"W4A16": 128, "W8A16": None, "W8A8": None}
+
+
+class GPTQOptions(Options):
+    scheme: Literal["W4A16", "W8A16", "W8A8"] = Field(
+        "W4A16", description="W4A16: 4-bit weights, 16-bit activations; W8A16: 8-bit weights; W8A8: 8-bit weights "
+        "and dynamic per-token 8-bit activations (INT8 compute).")
+    group_size: int | None = Field(
+        None, ge=8, description="Weights sharing one scale along the input dimension; must divide every targeted "
+        "layer's input width. Default: 128 for W4A16, per output channel (no groups) for W8A16 / W8A8.")
+    symmetric: bool = Field(True, description="Symmetric weights (no zero point); false stores a zero point per group.")
+    actorder: Literal["weight", "group", "none"] = Field(
+        "weight", description="Activation ordering: weight (quantize columns by Hessian diagonal, same format and "
+        "speed), group (also reorders groups; slower kernels), none.")
+    dampening_frac: float = Field(0.01, gt=0, lt=1, description="Fraction of the Hessian's mean diagonal added to it "
+                                  "before inversion (numerical stability).")
+    block_size: int = Field(128, ge=1, description="Columns updated together in one GPTQ block.")
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
+    pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
+
+
+def group_of(options: GPTQOptions) -> int | None:
+    return options.group_size if options.group_size is not None else DEFAULT_GROUP[options.scheme]
+
+
+@register("compress", "gptq")
+class GPTQ:
+    Options = GPTQOptions
+    requires = lc.REQUIRES
+    extra = lc.EXTRA
+    calibrates = True
+    quantizes = True
+    prunes = False
+
+    def bits_per_weight(self, options: GPTQOptions) -> float:
+        bits = 4 if options.scheme == "W4A16" else 8
+        return _checks.group_overhead_bits(bits, group_of(options), 16, 0 if options.symmetric else bits)
+
+    def check(self, options: GPTQOptions, ctx: PlanContext) -> list[Problem]:
+        problems = _checks.quantizer(ctx, "gptq", calibrates=True)
+        if options.scheme == "W8A8" and options.group_size is not None:
+            problems.append(ctx.problem("W8A8 quantizes weights per channel; group_size does not apply", "group_size",
+                                        hint="remove group_size, or use scheme = \"W8A16\" for grouped 8-bit weights"))
+        else:
+            problems += _checks.group_size(ctx, group_of(options), options.ignore)
+        return problems
+
+    def run(self, options: GPTQOptions, ctx: StageContext) -> dict:
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+
+
+def build(options: GPTQOptions) -> list:
+    from llmcompressor.modifiers.quantization import GPTQModifier
+
+    actorder = None if options.actorder == "none" else options.actorder
+    common = {"ignore": options.ignore, "dampening_frac": options.dampening_frac, "block_size": options.block_size,
+              "kv_cache_scheme": lc.kv_cache_scheme(options.kv_cache)}
+    if options.scheme == "W8A8":
+        return [GPTQModifier(targets="Linear", scheme="W8A8", actorder=actorder, **common)]
+    bits = 4 if options.scheme == "W4A16" else 8
+    groups = lc.weight_scheme(bits, group_of(options), options.symmetric, actorder)
+    return [GPTQModifier(config_groups=groups, actorder=actorder, **common)]

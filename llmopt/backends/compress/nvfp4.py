@@ -1,0 +1,56 @@
+"""Compress: NVFP4 weights and activations (llm-compressor NVFP4 scheme).
+
+Weights and activations in 4-bit floating point (E2M1) in groups of 16 with FP8
+group scales and one FP32 global scale per tensor; the activations' global scales
+are calibrated on data. Computed natively only on Blackwell GPUs (compute
+capability 10.0 and newer); elsewhere engines fall back to weight-only kernels.
+Needs: llmcompressor, compressed-tensors, torch, transformers (``pip install 'llmopt[compress]'``).
+Produces: ``model/``, a compressed-tensors nvfp4-pack-quantized checkpoint with its tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+NVFP4_GROUP = 16
+NVFP4_BITS = 4 + 8 / NVFP4_GROUP  # E2M1 values + one FP8 scale per 16
+
+
+class NVFP4Options(Options):
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
+    pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
+
+
+@register("compress", "nvfp4")
+class NVFP4:
+    Options = NVFP4Options
+    requires = lc.REQUIRES
+    extra = lc.EXTRA
+    calibrates = True
+    quantizes = True
+    prunes = False
+
+    def bits_per_weight(self, options: NVFP4Options) -> float:
+        return NVFP4_BITS
+
+    def check(self, options: NVFP4Options, ctx: PlanContext) -> list[Problem]:
+        problems = _checks.quantizer(ctx, "nvfp4", calibrates=True) + _checks.gpu_compute(ctx, (10, 0), "NVFP4")
+        return problems + _checks.group_size(ctx, NVFP4_GROUP, options.ignore, fixed=True)
+
+    def run(self, options: NVFP4Options, ctx: StageContext) -> dict:
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+
+
+def build(options: NVFP4Options) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=options.ignore,
+                                 kv_cache_scheme=lc.kv_cache_scheme(options.kv_cache))]

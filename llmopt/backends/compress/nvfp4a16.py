@@ -1,0 +1,47 @@
+"""Compress: NVFP4 weights only (llm-compressor NVFP4A16 scheme), no calibration data.
+
+Weights in 4-bit floating point (E2M1) in groups of 16 with FP8 group scales and
+an FP32 global scale per tensor; activations stay 16-bit. No calibration data.
+Needs: llmcompressor, compressed-tensors, torch, transformers (``pip install 'llmopt[compress]'``).
+Produces: ``model/``, a compressed-tensors nvfp4-pack-quantized checkpoint with its tokenizer.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.backends.compress.nvfp4 import NVFP4_BITS, NVFP4_GROUP
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+
+class NVFP4A16Options(Options):
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+
+
+@register("compress", "nvfp4a16")
+class NVFP4A16:
+    Options = NVFP4A16Options
+    requires = lc.REQUIRES
+    extra = lc.EXTRA
+    calibrates = False
+    quantizes = True
+    prunes = False
+
+    def bits_per_weight(self, options: NVFP4A16Options) -> float:
+        return NVFP4_BITS
+
+    def check(self, options: NVFP4A16Options, ctx: PlanContext) -> list[Problem]:
+        problems = _checks.quantizer(ctx, "nvfp4a16", calibrates=False)
+        return problems + _checks.group_size(ctx, NVFP4_GROUP, options.ignore, fixed=True)
+
+    def run(self, options: NVFP4A16Options, ctx: StageContext) -> dict:
+        return lc.quantize(ctx, lambda: build(options), calibrates=False)
+
+
+def build(options: NVFP4A16Options) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(targets="Linear", scheme="NVFP4A16", ignore=options.ignore)]

@@ -1,0 +1,283 @@
+"""Compression stages, fast: calibration rows, plan-time checks, composition rules, and real runs
+of the pruning and round-to-nearest backends on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmopt import api, calibration
+from llmopt.backends.compress import _checks
+from llmopt.errors import StageFailed
+from llmopt.estimates import weight_bytes
+from llmopt.recipe.schema import CalibrationSection
+
+from conftest import write_recipe
+
+DEMO = "builtin:smollm2-135m"  # facts from the GGUF header: hidden 576, intermediate 1536, 30 layers
+
+
+def recipe_text(source, steps: str, extra: str = "") -> str:
+    return f'schema_version = 1\nname = "t"\n[model]\nsource = "{source}"\n{extra}\n{steps}'
+
+
+def plan_of(tmp_path, source, steps: str, extra: str = ""):
+    return api.plan(write_recipe(tmp_path, recipe_text(source, steps, extra)))
+
+
+def messages(plan, severity: str = "error") -> list[str]:
+    return [p.message for p in plan.problems if p.severity == severity]
+
+
+# --- calibration rows ---------------------------------------------------------------------------
+
+def tokenizer_of(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_calibration_rows_are_exact_and_seeded(tiny_model):
+    tok = tokenizer_of(tiny_model)
+    cal = CalibrationSection(samples=25, max_seq_len=48, seed=0)
+    a = calibration.token_rows(cal, tok)
+    assert len(a.rows) == 25 and {len(r) for r in a.rows} == {48}
+    assert calibration.token_rows(cal, tok).rows == a.rows  # deterministic
+    b = calibration.token_rows(CalibrationSection(samples=25, max_seq_len=48, seed=1), tok)
+    assert b.rows != a.rows  # another seed, another document order
+    assert tok.eos_token_id in sum(a.rows, [])  # documents are joined with the end-of-sequence token
+    ds = calibration.as_dataset(a)
+    assert ds.column_names == ["input_ids", "attention_mask"] and ds[0]["attention_mask"] == [1] * 48
+    batches = calibration.as_batches(a, batch_size=10)
+    assert [tuple(t.shape) for t in batches] == [(10, 48), (10, 48), (5, 48)]
+
+
+def test_calibration_too_little_text_names_the_fix(tiny_model, tmp_path):
+    (tmp_path / "few.txt").write_text("Only a handful of words here.")
+    cal = CalibrationSection(data=str(tmp_path / "few.txt"), samples=4, max_seq_len=512)
+    with pytest.raises(StageFailed, match="fewer than one row of max_seq_len = 512") as err:
+        calibration.token_rows(cal, tokenizer_of(tiny_model))
+    assert "lower calibration.max_seq_len" in err.value.fix
+
+
+def test_calibration_jsonl_and_chat_template(tiny_model, tmp_path):
+    path = tmp_path / "cal.jsonl"
+    path.write_text("\n".join(json.dumps({"body": f"Sentence number {i} about rivers and hills."}) for i in range(60)))
+    tok = tokenizer_of(tiny_model)
+    cal = CalibrationSection(data=str(path), text_field="body", samples=2, max_seq_len=32, chat_template=True)
+    with pytest.raises(StageFailed, match="no chat template"):
+        calibration.token_rows(cal, tok)
+    tok.chat_template = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
+    rows = calibration.token_rows(cal, tok).rows
+    assert len(rows) == 2 and tok.bos_token_id in rows[0]
+
+
+# --- plan-time checks ---------------------------------------------------------------------------
+
+def test_group_size_that_does_not_divide_576_is_an_error_with_the_fix(tmp_path):
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 128\n')
+    [problem] = plan.errors
+    assert problem.message == ("group_size 128 does not divide the input width of q_proj (576), k_proj (576), "
+                               "v_proj (576), o_proj (576), gate_proj (576), up_proj (576)")
+    assert problem.hint == ("use group_size = 64, the largest power of two that divides every targeted layer's input "
+                            "width; or leave these layers unquantized: ignore = [\"lm_head\", \"re:.*q_proj$\", "
+                            "\"re:.*k_proj$\", \"re:.*v_proj$\", \"re:.*o_proj$\", \"re:.*gate_proj$\", \"re:.*up_proj$\"]")
+    assert problem.where.endswith("compress[0].group_size")
+    assert not plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n').errors
+
+
+def test_default_w4a16_group_and_block_sizes_are_checked_too(tmp_path):
+    assert messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\n'))[0].startswith("group_size 128 does not")
+    awq = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "modelopt_int4_awq"\n')
+    assert messages(awq)[0].startswith("block_size 128 does not divide the input width of q_proj (576)")
+    assert "use block_size = 64" in awq.errors[0].hint
+    assert not plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\nscheme = "W8A8"\n').errors
+
+
+def test_ignoring_the_misfit_layers_satisfies_the_check(tmp_path):
+    ignore = '["lm_head", "re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$", "re:.*o_proj$", "re:.*gate_proj$", "re:.*up_proj$"]'
+    plan = plan_of(tmp_path, DEMO, f'[[compress]]\nmethod = "rtn"\ngroup_size = 128\nignore = {ignore}\n')
+    assert not plan.errors
+
+
+def test_two_quantization_steps_are_refused(tmp_path):
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n'
+                                   '[[compress]]\nmethod = "fp8"\n')
+    assert messages(plan) == ["a second quantization step (fp8) after gptq: quantized weights cannot be quantized again"]
+    assert plan.errors[0].where.endswith("compress[1].method")
+
+
+def test_pruning_after_quantization_is_refused_and_before_is_fine(tmp_path):
+    after = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "awq"\ngroup_size = 64\n'
+                                    '[[compress]]\nmethod = "prune_depth"\nlayers = 2\n')
+    assert messages(after) == ["prune_depth comes after awq: pruning needs unquantized weights"]
+    before = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_depth"\nlayers = 2\n'
+                                     '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n')
+    assert not before.errors
+    assert [s.name for s in before.stages] == ["source", "compress.0.prune_depth", "compress.1.gptq"]
+
+
+def test_pruned_shape_reaches_later_checks_and_estimates(tmp_path):
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_width"\nintermediate_size = 960\n'
+                                   '[[compress]]\nmethod = "prune_depth"\nlayers = 6\n'
+                                   '[[compress]]\nmethod = "rtn"\ngroup_size = 128\n'
+                                   'ignore = ["lm_head", "re:.*proj$"]\n')
+    assert not plan.errors  # every linear ignored
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_width"\nintermediate_size = 960\n'
+                                   '[[compress]]\nmethod = "rtn"\ngroup_size = 64\nignore = ["lm_head", "re:.*down_proj$"]\n'
+                                   '[[compress]]\nmethod = "prune_depth"\nlayers = 1\n')
+    assert "prune_depth comes after rtn" in messages(plan)[0]
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_width"\nintermediate_size = 960\n'
+                                   '[[compress]]\nmethod = "prune_depth"\nlayers = 6\n'
+                                   '[[compress]]\nmethod = "awq"\ngroup_size = 128\nignore = ["lm_head", "re:.*q_proj$", '
+                                   '"re:.*k_proj$", "re:.*v_proj$", "re:.*o_proj$", "re:.*gate_proj$", "re:.*up_proj$"]\n')
+    assert messages(plan) == ["group_size 128 does not divide the input width of down_proj (960)"]  # pruned width
+    assert plan.model.num_layers == 24 and plan.model.intermediate_size == 960
+
+
+def test_prune_option_errors(tmp_path):
+    assert messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_depth"\n')) == [
+        "set exactly one of layers and fraction"]
+    assert messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_depth"\nlayers = 29\n')) == [
+        "cannot drop 29 of 30 layers with 1 first and 1 last protected (28 can go)"]
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_width"\nintermediate_size = 1000\n')
+    assert messages(plan) == ["intermediate_size 1000 is not a multiple of 64"] and plan.errors[0].hint == "use 960"
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "prune_width"\nfraction = 0.3\n')
+    assert plan.model.intermediate_size == 1024  # 1536 x 0.7 = 1075 -> 1024, a multiple of 64
+
+
+def test_gpu_capability_warnings_only_without_serve(tmp_path):
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "fp8"\n', '[target]\ngpu = "A100-80GB"\n')
+    [warning] = messages(plan, "warning")
+    assert warning.startswith("FP8 compute needs compute capability >= 8.9; A100-80GB has 8.0")
+    assert not messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "fp8"\n', '[target]\ngpu = "L4"\n'), "warning")
+
+
+def test_modelopt_nvfp4_warns_that_it_is_emulated_without_cuda(tmp_path, monkeypatch):
+    from llmopt.backends.compress import _modelopt
+
+    monkeypatch.setattr(_modelopt, "cuda_present", lambda: False)
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "modelopt_nvfp4"\n')
+    assert not plan.errors
+    assert any(m.startswith("no CUDA GPU on this machine: ModelOpt's NVFP4 fake-quantization kernels cannot run here")
+               for m in messages(plan, "warning"))
+    monkeypatch.setattr(_modelopt, "cuda_present", lambda: True)
+    assert not messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "modelopt_nvfp4"\n'), "warning")
+
+
+def test_calibration_memory_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(_checks, "available_ram", lambda: 2**20)
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "fp8_static"\n')
+    [warning] = messages(plan, "warning")
+    assert "calibration needs about" in warning and "0.0 GiB available" in warning
+    assert not messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "fp8"\n'), "warning")  # no calibration
+
+
+def test_estimates_use_the_methods_bits(tmp_path):
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n')
+    gptq = plan.stage("compress.0.gptq").impl
+    assert gptq.bits_per_weight(plan.stage("compress.0.gptq").options) == 4 + 16 / 64
+    est = plan.estimates
+    assert est["weight_bytes_after"] == weight_bytes(plan.model, "bfloat16", 4.25)
+    assert 2.2 < est["compression_ratio"] < 2.6  # the embeddings (37% of this model) stay bf16
+    assert "calibration_memory_bytes" in est
+
+
+def test_unknown_architecture_warns_for_quantizers_and_stops_pruning(tmp_path):
+    folder = tmp_path / "gpt2ish"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "vocab_size": 1000}))
+    (folder / "model.safetensors").write_bytes(b"")
+    assert "gptq does not support model_type 'gpt_neox'" in messages(
+        plan_of(tmp_path, folder, '[[compress]]\nmethod = "gptq"\n'), "warning")[0]
+    assert "prune_depth does not support model_type 'gpt_neox'" in messages(
+        plan_of(tmp_path, folder, '[[compress]]\nmethod = "prune_depth"\nlayers = 1\n'))[0]
+
+
+# --- real runs on the tiny model ----------------------------------------------------------------
+
+def run_tiny(tmp_path, tiny_model, steps: str):
+    body = recipe_text(tiny_model, steps, "[calibration]\nsamples = 4\nmax_seq_len = 64\n")
+    return api.run(write_recipe(tmp_path, body), output_dir=tmp_path / "out")
+
+
+def reload(folder):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[1, 5, 9, 30, 7]])).logits
+    assert torch.isfinite(logits).all()
+    return model
+
+
+def test_prune_depth_runs_and_renumbers(tiny_model, tmp_path):
+    result = run_tiny(tmp_path, tiny_model, '[[compress]]\nmethod = "prune_depth"\nlayers = 1\nprotect_first = 0\n'
+                                            'protect_last = 0\n')
+    outputs = result.records[1].outputs
+    assert len(outputs["layer_scores"]) == 2 and all(0 <= s <= 1 for s in outputs["layer_scores"])
+    kept = 1 - outputs["dropped_layers"][0]
+    assert outputs["dropped_layers"] == [min(range(2), key=lambda i: outputs["layer_scores"][i])]
+    config = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and kept in (0, 1)
+    model = reload(tmp_path / "out" / "model")
+    assert len(model.model.layers) == 1 and model.model.layers[0].self_attn.layer_idx == 0
+    assert outputs["parameters_after"] < outputs["parameters_before"]
+
+
+def test_prune_width_keeps_the_important_neurons(tiny_model, tmp_path):
+    result = run_tiny(tmp_path, tiny_model, '[[compress]]\nmethod = "prune_width"\nfraction = 0.5\nmultiple_of = 32\n')
+    outputs = result.records[1].outputs
+    assert outputs["intermediate_size_before"] == 128 and outputs["intermediate_size"] == 64
+    model = reload(tmp_path / "out" / "model")
+    mlp = model.model.layers[0].mlp
+    assert mlp.gate_proj.weight.shape == (64, 64) and mlp.down_proj.weight.shape == (64, 64)
+
+
+def test_rtn_on_the_tiny_model_keeps_library_logs_off_the_terminal(tiny_model, tmp_path, capfd):
+    result = run_tiny(tmp_path, tiny_model, '[[compress]]\nmethod = "rtn"\nbits = 4\ngroup_size = 32\n')
+    captured = capfd.readouterr()
+    assert "llmcompressor" not in captured.out + captured.err and "accelerator" not in captured.out + captured.err
+    q = json.loads((tmp_path / "out" / "model" / "config.json").read_text())["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
+    assert q["config_groups"]["group_0"]["weights"]["group_size"] == 32 and q["ignore"] == ["lm_head"]
+    log = result.log_path.read_text()
+    assert "llmcompressor: " in log  # the library's records are in the run log
+    assert result.records[1].outputs["quantization"]["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+    reload(tmp_path / "out" / "model")
+
+
+# --- the ModelOpt runtime's dequantization against ModelOpt's own reference code --------------
+
+def test_modelopt_runtime_dequantizes_like_modelopt():
+    pytest.importorskip("modelopt.torch.quantization")
+    import torch
+    from modelopt.torch.export.quant_utils import pack_int4_in_uint8
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    from llmopt.runtimes.modelopt import dequantize, nvfp4_fake_quant
+
+    torch.manual_seed(0)
+    w = torch.randn(32, 128)
+    packed, block_scale, global_scale = NVFP4QTensor.quantize(w, 16)
+    reference = packed.dequantize(dtype=torch.float32, scale=block_scale, double_scale=global_scale, block_sizes={-1: 16})
+    tensors = {"m.weight_scale": block_scale, "m.weight_scale_2": global_scale}
+    ours = dequantize(packed._quantized_data, tensors, "m", {"quant_algo": "NVFP4"})
+    assert torch.equal(ours, reference.float())
+    assert (ours - w).abs().max() < w.abs().max() * 0.2  # and it is close to the original
+
+    x = torch.randn(4, 128) * 3
+    g = x.abs().amax() / (6 * 448)
+    expected, s, g2 = NVFP4QTensor.quantize(x, 16, weights_scaling_factor_2=g)
+    expected = expected.dequantize(dtype=torch.float32, scale=s, double_scale=g2, block_sizes={-1: 16})
+    assert torch.allclose(nvfp4_fake_quant(x, g), expected)
+
+    scale = torch.rand(32, 2) * 0.1 + 0.01  # INT4 AWQ: one scale per block of 64
+    ints = torch.randint(-8, 8, (32, 128)).float()
+    packed = pack_int4_in_uint8(ints * scale.repeat_interleave(64, dim=1), scale, 64)
+    ours = dequantize(packed, {"m.weight_scale": scale}, "m", {"quant_algo": "INT4_AWQ"})
+    assert torch.allclose(ours, ints * scale.repeat_interleave(64, dim=1))
