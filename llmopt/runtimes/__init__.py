@@ -9,6 +9,16 @@ behind an HTTP endpoint:
 * ``nll(sequences, scored) -> list[float]``: summed negative log-likelihood of the
   last ``scored[i]`` tokens of each token sequence;
 * ``generate(prompt_ids, max_new_tokens, stop_ids=None) -> list[int]``: greedy.
+* ``stream(prompt_ids, max_new_tokens, stop_ids=None, temperature=0.0, top_p=1.0,
+  seed=None) -> Iterator[int]``: the new token ids one at a time, as each is
+  generated (the prompt is processed once; later steps reuse the KV cache).
+  Greedy at temperature 0, else sampled from the top-p nucleus with a generator
+  seeded by ``seed`` (the same seed gives the same tokens). Ends before a stop id
+  (the model's end-of-sequence ids when ``stop_ids`` is None; never yielded) or
+  after ``max_new_tokens``. The caller may stop early: closing the iterator (or
+  dropping it) must free the work in progress. ``llmopt serve`` makes every
+  runtime call from one worker thread and runs one stream at a time; it may call
+  ``encode`` / ``decode`` between two steps of a stream.
 
 ``RUNTIMES`` maps a runtime name to ``module:Class``; modules are imported only
 when used. ``FORMAT_RUNTIME`` picks the default runtime for a model format.
@@ -23,8 +33,11 @@ from llmopt.errors import StageFailed
 
 RUNTIMES = {
     "transformers": "llmopt.runtimes.hf:TransformersRuntime",
+    "endpoint": "llmopt.runtimes.endpoint:EndpointRuntime",
+    "onnxruntime": "llmopt.runtimes.onnx:OnnxRuntime",
+    "modelopt": "llmopt.runtimes.modelopt:ModelOptRuntime",
 }
-FORMAT_RUNTIME = {"hf": "transformers", "onnx": "onnxruntime"}
+FORMAT_RUNTIME = {"hf": "transformers", "onnx": "onnxruntime", "modelopt": "modelopt"}
 
 
 def runtime_class(name: str):

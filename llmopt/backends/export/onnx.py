@@ -1,0 +1,406 @@
+"""Export: an ONNX Runtime GenAI model folder, built by onnxruntime-genai's model builder.
+
+The builder converts the upstream Hugging Face folder into ``model.onnx`` (+ external
+data), ``genai_config.json`` and the tokenizer files, quantizing to int4/int8
+MatMulNBits on the way (``precision``, ``block_size``, ``accuracy_level``,
+``algo_config``...). A compressed-tensors W4A16 checkpoint from a GPTQ/AWQ/RTN
+step is first repacked, losslessly, into the AutoGPTQ layout the builder reads
+(``gptq_layout.py``), so the calibrated integers and scales reach ONNX unchanged
+instead of being re-quantized. The stage then writes the session tuning into
+``genai_config.json``, repairs a GGUF-converted ``tokenizer.json`` whose decoder
+makes onnxruntime-genai tokenize like SentencePiece, and verifies the result
+with an ONNX Runtime profile on the chosen execution provider (``verify.json``).
+Needs: onnxruntime-genai, onnxruntime, onnx, onnx_ir (the ``ort`` extra), torch.
+Produces: ``model/`` (format ``onnx``) and ``verify.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from llmopt import registry
+from llmopt.backends.base import Options, PlanContext, StageContext, require
+from llmopt.backends.export import gptq_layout, onnx_verify
+from llmopt.errors import Problem, StageFailed
+from llmopt.registry import register
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+QUANTIZED = ("int4", "int8")
+# compression methods whose output the builder cannot take on the CPU EP (DESIGN.md: what serves what)
+FLOAT_METHODS = {"fp8", "fp8_dynamic", "fp8_static", "nvfp4", "nvfp4a16", "modelopt_fp8", "modelopt_nvfp4", "mxfp4"}
+ACTIVATION_METHODS = {"int8_sq", "w8a8", "smoothquant", "w4a8"}
+TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "chat_template.jinja", "chat_template.json")
+OPT_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+              "all": "ORT_ENABLE_ALL"}
+TYPED_KEYS = {"block_size", "accuracy_level", "is_symmetric", "algo_config", "matmul_mixed_precision",
+              "shared_embeddings", "exclude_lm_head", "nodes_to_exclude", "hf_remote", "hf_token"}
+
+
+class OnnxExportOptions(Options):
+    precision: Literal["fp32", "fp16", "bf16", "int4", "int8"] = Field(
+        "int4", description="Weight precision. int4/int8: MatMulNBits weight-only quantization (a pre-quantized "
+        "int4 checkpoint keeps its own integers and scales); fp32/fp16/bf16: no quantization.")
+    execution_provider: Literal["cpu", "cuda", "dml", "webgpu", "NvTensorRtRtx"] = Field(
+        "cpu", description="ONNX Runtime execution provider the graph is built and tuned for "
+        "(NvTensorRtRtx is the TensorRT-RTX EP, the TensorRT EP onnxruntime-genai loads).")
+    block_size: Literal[16, 32, 64, 128, 256] = Field(
+        32, description="Columns per quantization block when the builder quantizes; must divide every linear "
+        "layer's input width.")
+    accuracy_level: Literal[0, 1, 2, 3, 4] | None = Field(
+        None, description="MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations; "
+        "None: the builder's default (4 on CPU, 0 elsewhere).")
+    is_symmetric: bool = Field(True, description="Symmetric (int4) or asymmetric (uint4 with zero points) blocks.")
+    algo_config: Literal["default", "rtn", "k_quant"] = Field(
+        "default", description="How the builder quantizes: default (ORT's RTN), rtn, or k_quant (asymmetric, slower).")
+    lm_head: Literal["auto", "int4", "int8", "float"] = Field(
+        "auto", description="Precision of the output projection. auto: as the body when the builder quantizes, "
+        "float when a pre-quantized checkpoint left it unquantized; int8 maps to matmul_mixed_precision=last_matmul:int8.")
+    mixed_layers: Literal["int4", "int8"] = Field(
+        "int4", description="int8: keep the most quantization-sensitive layers (first/last eighth, every third "
+        "qkv/v/down projection) at 8 bits (matmul_mixed_precision=mixed_layers:int8).")
+    shared_embeddings: bool | None = Field(
+        None, description="Share one table between the embedding and the LM head (tied models only). None: shared "
+        "when the model ties them, except around a float LM head of a pre-quantized checkpoint.")
+    exclude_lm_head: bool = Field(False, description="Leave the LM head out (the model outputs hidden states; nothing can score it).")
+    builder_options: dict[str, str] = Field(
+        default_factory=dict, description="Further KEY=VALUE options for the model builder (e.g. fuse_qkv = \"false\").")
+    intra_op_threads: int | None = Field(None, ge=0, description="Threads inside one operator (genai_config session_options); None: ORT's default.")
+    inter_op_threads: int | None = Field(None, ge=0, description="Threads across operators (genai_config session_options); None: ORT's default.")
+    graph_optimization_level: Literal["disable_all", "basic", "extended", "all"] | None = Field(
+        None, description="ORT graph optimization level written into genai_config.json; None: ORT's default (all).")
+    enable_cuda_graph: bool = Field(False, description="Capture the decode step as a CUDA graph (cuda and NvTensorRtRtx).")
+    trt_cache_dir: str | None = Field(
+        None, description="NvTensorRtRtx: fixed folder where compiled engines are cached between runs (nv_runtime_cache_path).")
+    trt_profile: list[int] | None = Field(
+        None, description="NvTensorRtRtx: [min, opt, max] sequence lengths of the optimization profile; "
+        "None: onnxruntime-genai derives one from the context length.")
+    verify: Literal["fail", "warn", "off"] = Field(
+        "fail", description="Profile the exported model on its EP: fail the stage (fail) or only report (warn) when "
+        "MatMulNBits does not run or heavy nodes fall back to another EP; off: skip.")
+
+    @field_validator("trt_profile")
+    @classmethod
+    def _profile(cls, value):
+        if value is not None and (len(value) != 3 or not 1 <= value[0] <= value[1] <= value[2]):
+            raise ValueError("give [min, opt, max] lengths with 1 <= min <= opt <= max")
+        return value
+
+
+@register("export", "onnx")
+class OnnxExport:
+    Options = OnnxExportOptions
+    requires = ("onnxruntime-genai", "onnxruntime", "onnx", "onnx-ir", "torch")
+    extra = "ort"
+
+    def check(self, options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
+        problems = [ctx.problem(f"builder_options may not set {key!r}; use the typed option", "builder_options")
+                    for key in sorted(set(options.builder_options) & TYPED_KEYS)]
+        problems += upstream_problems(options, ctx)
+        info = ctx.model
+        if info is None:
+            return problems
+        quantized = info.quantization or None
+        if quantized:
+            problems += quantized_input_problems(options, quantized, ctx)
+        elif options.precision in QUANTIZED:
+            problems += block_problems(options.block_size, info.linear_inputs | {"lm_head": info.hidden_size}, ctx)
+        if options.precision in QUANTIZED and not options.is_symmetric and shares_embeddings(options, info.tie_embeddings, bool(quantized)):
+            problems.append(ctx.problem(
+                "asymmetric int4/int8 with shared embeddings builds a model ONNX Runtime cannot load (the shared "
+                "table becomes uint8 where the embedding expects float)", "is_symmetric",
+                hint="set shared_embeddings = false, or keep is_symmetric = true"))
+        if options.shared_embeddings and not info.tie_embeddings:
+            problems.append(ctx.problem("shared_embeddings needs a model with tied embeddings (tie_word_embeddings)",
+                                        "shared_embeddings", hint="remove shared_embeddings"))
+        if options.exclude_lm_head and ctx.recipe.recipe.eval:
+            problems.append(ctx.problem("exclude_lm_head removes the logits every [[eval]] scores", "exclude_lm_head",
+                                        hint="keep the LM head, or remove the evals"))
+        return problems + provider_problems(options, ctx)
+
+    def run(self, options: OnnxExportOptions, ctx: StageContext) -> dict:
+        require("onnx_ir", "ort", "the onnx export")
+        builder = require("onnxruntime_genai.models.builder", "ort", "the onnx export", package="onnxruntime-genai")
+        out = ctx.out_dir / "model"
+        work = ctx.out_dir / ".work"
+        source, quantized = prepare_input(ctx.model_dir, options, work, ctx)
+        extra = builder_extra(options, quantized)
+        ctx.progress(f"building ONNX ({options.precision}, {options.execution_provider})")
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        ctx.log.info("model builder: input %s, precision %s, ep %s, options %s", source, options.precision,
+                     options.execution_provider, extra)
+        cache = str(work / "builder-cache")
+        parsed = builder.parse_extra_options(None, str(source), str(out), options.precision,
+                                             options.execution_provider, cache, extra)
+        builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
+        copy_tokenizer_files(ctx.model_dir, out)
+        tokenizer_fixed = fix_tokenizer_decoder(out / "tokenizer.json")
+        tune_genai_config(out / "genai_config.json", options)
+        shutil.rmtree(work, ignore_errors=True)
+        outputs = {
+            "format": "onnx",
+            "model_dir": "model",
+            "precision": options.precision,
+            "execution_provider": options.execution_provider,
+            "builder_options": extra,
+            "quantized_input": quantized,
+            "tokenizer_decoder_fixed": tokenizer_fixed,
+            "onnx_bytes": sum(p.stat().st_size for p in out.glob("*.onnx*")),
+        }
+        if options.verify != "off":
+            outputs["verify"] = verify_stage(out, options, ctx)
+        return outputs
+
+
+def upstream_problems(options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
+    """What the compression steps before the export hand over, judged by method name and bits."""
+    problems = []
+    for index, step in enumerate(ctx.recipe.recipe.compress):
+        cls = registry.get("compress", step.method)
+        if not getattr(cls, "quantizes", False):
+            continue
+        where = ("compress", index, "method")
+        if step.method in FLOAT_METHODS and options.execution_provider != "cuda":
+            problems.append(Problem(f"{step.method} checkpoints reach ONNX Runtime GenAI only on the CUDA EP "
+                                    f"(not {options.execution_provider})", ctx.recipe.where(*where),
+                                    "use a W4A16 method (gptq, awq, rtn) for CPU, or execution_provider = \"cuda\""))
+        elif step.method in ACTIVATION_METHODS:
+            problems.append(Problem(f"{step.method} quantizes activations; the ONNX Runtime GenAI builder reads "
+                                    "weight-only int4 checkpoints only", ctx.recipe.where(*where),
+                                    "use a W4A16 method (gptq, awq, rtn) before an onnx export"))
+        elif weight_only_int4_problem(ctx.recipe.options_for("compress", index)):
+            key, message = weight_only_int4_problem(ctx.recipe.options_for("compress", index))
+            problems.append(Problem(message, ctx.recipe.where("compress", index, key), "the onnx export takes "
+                                    "W4A16 checkpoints (4-bit weights in groups, 16-bit activations)"))
+        elif options.precision != "int4":
+            problems.append(ctx.problem(f"the {step.method} step leaves int4 weights; precision {options.precision!r} "
+                                        "cannot express them", "precision", hint="set precision = \"int4\""))
+    return problems
+
+
+def weight_only_int4_problem(step) -> tuple[str, str] | None:
+    """(key, message) when a quantizer's options do not make a W4A16 checkpoint the builder can take."""
+    scheme, bits, actorder = getattr(step, "scheme", "W4A16"), getattr(step, "bits", 4), getattr(step, "actorder", None)
+    if scheme != "W4A16":
+        return "scheme", f"scheme {scheme} is not W4A16"
+    if bits != 4:
+        return "bits", f"{bits}-bit weights are not int4"
+    if actorder == "group":
+        return "actorder", "actorder = \"group\" permutes groups (g_idx), which MatMulNBits blocks cannot express"
+    return None
+
+
+def quantized_input_problems(options: OnnxExportOptions, qconfig: dict, ctx: PlanContext) -> list[Problem]:
+    """A source model that is already quantized: what the builder can take on this EP."""
+    reason = input_refusal(qconfig, options.execution_provider)
+    if reason:
+        return [ctx.problem(reason, "execution_provider", hint="give a W4A16 (int4 weight-only) checkpoint, or a "
+                            "float model that the export quantizes itself")]
+    if options.precision != "int4" and qconfig.get("quant_method") != "compressed-tensors":
+        return [ctx.problem("the input checkpoint is int4; precision must be \"int4\"", "precision",
+                            hint="set precision = \"int4\"")]
+    return []
+
+
+def input_refusal(qconfig: dict, ep: str) -> str | None:
+    """Why the builder cannot take this pre-quantized checkpoint on ``ep`` (DESIGN.md table), or None."""
+    method = qconfig.get("quant_method")
+    if method in ("gptq", "awq"):
+        return None if qconfig.get("bits", 4) == 4 else f"{method} with {qconfig.get('bits')}-bit weights is not int4"
+    if method != "compressed-tensors":
+        return f"checkpoints quantized with {method!r} are not read by the onnx export"
+    problem = gptq_layout.w4a16_problem(qconfig)
+    if problem is None:
+        group = gptq_layout.scheme_of(qconfig)["group_sizes"][0]
+        return None if group in BLOCK_SIZES else f"its group size {group} is not a MatMulNBits block size {BLOCK_SIZES}"
+    scheme = gptq_layout.scheme_of(qconfig)
+    if ep == "cuda" and scheme["types"] == ["float"]:
+        return None  # FP8 / NVFP4: the builder's own compressed-tensors route, CUDA EP only
+    return f"this compressed-tensors checkpoint cannot be exported for the {ep} EP: {problem}"
+
+
+def block_problems(block_size: int, widths: dict[str, int], ctx: PlanContext) -> list[Problem]:
+    bad = {name: width for name, width in widths.items() if width % block_size}
+    if not bad:
+        return []
+    fits = [b for b in BLOCK_SIZES if all(w % b == 0 for w in widths.values())]
+    listed = ", ".join(f"{n} ({w})" for n, w in bad.items())
+    return [ctx.problem(f"block_size {block_size} does not divide the input width of {listed}", "block_size",
+                        hint=f"use one of: {', '.join(map(str, fits))}" if fits else "no block size fits every layer")]
+
+
+def provider_problems(options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
+    problems = []
+    trt = options.execution_provider == "NvTensorRtRtx"
+    for key in ("trt_cache_dir", "trt_profile"):
+        if getattr(options, key) is not None and not trt:
+            problems.append(ctx.problem(f"{key} applies to execution_provider = \"NvTensorRtRtx\" only; ignored",
+                                        key, severity="warning"))
+    if trt and options.precision not in ("fp16", "int4"):
+        problems.append(ctx.problem("TensorRT-RTX builds engines in the graph's own types; fp16 (or int4 with fp16 "
+                                    "activations) is what it is fast at", "precision", severity="warning"))
+    if options.enable_cuda_graph and options.execution_provider not in ("cuda", "NvTensorRtRtx"):
+        problems.append(ctx.problem("enable_cuda_graph applies to the cuda and NvTensorRtRtx EPs only; ignored",
+                                    "enable_cuda_graph", severity="warning"))
+    return problems
+
+
+def shares_embeddings(options: OnnxExportOptions, tied: bool, prequantized: bool) -> bool:
+    if options.shared_embeddings is not None:
+        return options.shared_embeddings
+    return tied and not (prequantized and options.lm_head in ("auto", "float"))
+
+
+def prepare_input(model_dir: Path, options: OnnxExportOptions, work: Path, ctx: StageContext) -> tuple[Path, dict | None]:
+    """The folder the builder reads, and what pre-quantized form it came in (None: float weights)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    qconfig = config.get("quantization_config")
+    if not qconfig:
+        return model_dir, None
+    reason = input_refusal(qconfig, options.execution_provider)
+    if reason:
+        raise StageFailed(reason, where=ctx.name, fix="export a W4A16 (int4 weight-only) checkpoint or a float model")
+    if qconfig.get("quant_method") != "compressed-tensors" or gptq_layout.w4a16_problem(qconfig) is not None:
+        return model_dir, {"from": qconfig.get("quant_method"), "repacked": False}
+    ctx.progress("repacking compressed-tensors W4A16 into the AutoGPTQ layout")
+    summary = gptq_layout.repack_checkpoint(model_dir, work / "gptq")
+    ctx.log.info("repacked %d linears: %s", summary["linears"], summary)
+    return work / "gptq", {"from": "compressed-tensors", "repacked": True, **summary}
+
+
+def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[str]:
+    """KEY=VALUE options for the model builder."""
+    kv = {"hf_token": "false", "hf_remote": "false"}
+    if options.precision in QUANTIZED:
+        kv |= {"block_size": options.block_size, "is_symmetric": options.is_symmetric, "algo_config": options.algo_config}
+        if options.accuracy_level is not None:
+            kv["accuracy_level"] = options.accuracy_level
+        head = options.lm_head
+        if head == "auto":
+            head = "float" if quantized and not quantized.get("lm_head_quantized") else options.precision
+        mixed = (["last_matmul:int8"] if head == "int8" else []) + (["mixed_layers:int8"] if options.mixed_layers == "int8" else [])
+        if mixed:
+            kv["matmul_mixed_precision"] = ",".join(mixed)
+        if head == "float":
+            kv["nodes_to_exclude"] = "/lm_head/MatMul"
+    shared = options.shared_embeddings
+    if shared is None and quantized and options.lm_head in ("auto", "float"):
+        shared = False  # the float LM head keeps its own table, as in the checkpoint
+    if shared is not None:
+        kv["shared_embeddings"] = shared
+    if options.exclude_lm_head:
+        kv["exclude_lm_head"] = True
+    kv |= options.builder_options
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in kv.items()]
+
+
+def copy_tokenizer_files(src: Path, out: Path) -> None:
+    """Tokenizer files the builder does not copy (chat template, special tokens map...)."""
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file() and not (out / name).exists():
+            shutil.copy2(src / name, out / name)
+
+
+def has_spm_decoder_on_byte_level(tok: dict) -> bool:
+    """A byte-level BPE whose decoder also has the SentencePiece ``Replace("▁", " ")`` step (GGUF conversions).
+
+    onnxruntime-genai takes that step as the sign of a SentencePiece vocabulary and encodes
+    spaces as ``▁``, which a byte-level vocabulary does not have (ids of -1)."""
+    decoder = tok.get("decoder") or {}
+    steps = decoder.get("decoders") or [] if decoder.get("type") == "Sequence" else []
+    replace = any(s.get("type") == "Replace" and (s.get("pattern") or {}).get("String") == "\u2581" for s in steps)
+    byte_level = any(s.get("type") == "ByteLevel" for s in steps)
+    return replace and byte_level and (tok.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
+
+
+def fix_tokenizer_decoder(path: Path) -> bool:
+    """Give such a tokenizer.json its plain ByteLevel decoder (decoding is unchanged for a byte-level
+    vocabulary); returns whether it was changed."""
+    if not path.is_file():
+        return False
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    if not has_spm_decoder_on_byte_level(tok):
+        return False
+    level = next(s for s in tok["decoder"]["decoders"] if s.get("type") == "ByteLevel")
+    tok["decoder"] = level
+    path.write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    return True
+
+
+def tune_genai_config(path: Path, options: OnnxExportOptions) -> dict:
+    """Write the session and EP tuning into genai_config.json; returns the decoder's session_options."""
+    config = json.loads(path.read_text())
+    session = config["model"]["decoder"].setdefault("session_options", {})
+    if options.intra_op_threads is not None:
+        session["intra_op_num_threads"] = options.intra_op_threads
+    if options.inter_op_threads is not None:
+        session["inter_op_num_threads"] = options.inter_op_threads
+    if options.graph_optimization_level is not None:
+        session["graph_optimization_level"] = OPT_LEVELS[options.graph_optimization_level]
+    ep_options = provider_options(options)
+    if options.execution_provider == "NvTensorRtRtx" and options.trt_profile:
+        session.update(trt_profile_entries(config["model"], options.trt_profile))
+    if ep_options:
+        providers = session.setdefault("provider_options", [])
+        entry = next((p for p in providers if options.execution_provider in p), None)
+        if entry is None:
+            providers.append({options.execution_provider: ep_options})
+        else:
+            entry[options.execution_provider].update(ep_options)
+    path.write_text(json.dumps(config, indent=4) + "\n")
+    return session
+
+
+def provider_options(options: OnnxExportOptions) -> dict[str, str]:
+    out = {}
+    if options.enable_cuda_graph and options.execution_provider in ("cuda", "NvTensorRtRtx"):
+        out["enable_cuda_graph"] = "1"
+    if options.execution_provider == "NvTensorRtRtx" and options.trt_cache_dir:
+        out["nv_runtime_cache_path"] = str(Path(options.trt_cache_dir).expanduser())
+    return out
+
+
+def trt_profile_entries(model: dict, lengths: list[int]) -> dict[str, str]:
+    """Explicit TensorRT-RTX optimization profile (batch 1): prefill up to ``max`` tokens, decode with
+    ``opt`` tokens of context. onnxruntime-genai passes these session entries to the EP as they are."""
+    dec = model["decoder"]
+    names = dec["inputs"]
+    kv, head = dec["num_key_value_heads"], dec["head_size"]
+
+    def shapes(query: int, past: int, mask: int) -> str:
+        parts = [f"{names['input_ids']}:1x{query}", f"{names['attention_mask']}:1x{mask}"]
+        for layer in range(dec["num_hidden_layers"]):
+            for pattern in (names["past_key_names"], names["past_value_names"]):
+                parts.append(f"{pattern % layer}:1x{kv}x{past}x{head}")
+        return ",".join(parts)
+
+    low, opt, high = lengths
+    prefix = "ep.nvtensorrtrtxexecutionprovider.nv_profile_"
+    return {prefix + "min_shapes": shapes(1, 0, 1), prefix + "opt_shapes": shapes(1, opt, opt + 1),
+            prefix + "max_shapes": shapes(high, high, high)}
+
+
+def verify_stage(model_dir: Path, options: OnnxExportOptions, ctx: StageContext) -> dict:
+    """Profile the model, write verify.json, fail or warn on problems; returns the summary for the manifest."""
+    ctx.progress("verifying: ORT profile of prefill and decode")
+    report = onnx_verify.profile(model_dir, options.execution_provider, options.precision in QUANTIZED,
+                                 intra_op_threads=options.intra_op_threads,
+                                 graph_optimization_level=OPT_LEVELS.get(options.graph_optimization_level or "all"),
+                                 work_dir=ctx.out_dir)
+    (ctx.out_dir / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
+    summary = onnx_verify.summary(report)
+    if report["status"] == "failed":
+        message = "; ".join(report["problems"])
+        if options.verify == "fail":
+            raise StageFailed(f"the exported model failed verification on {report['execution_provider']}: {message}",
+                              where=ctx.name, fix="set verify = \"warn\" to keep the model anyway (verify.json then "
+                              "lists every node and its EP)")
+        ctx.log.warning("verification problems: %s", message)
+    return summary

@@ -1,0 +1,140 @@
+"""Runtime: any OpenAI-compatible HTTP endpoint (vLLM, SGLang, trtllm-serve, ...).
+
+Evaluates a model as it is served. Prompts are sent as token ids (tokenized
+locally with the model folder's tokenizer, so baseline and candidate see the
+same tokens):
+
+* ``nll`` posts ``/v1/completions`` with ``echo=true, logprobs=1, max_tokens=0``
+  and sums the returned prompt log-probabilities. A server that refuses
+  ``max_tokens=0`` is asked once more with ``max_tokens=1`` and the generated
+  token's entry is dropped. A server that does not return one log-probability
+  per prompt token (llama.cpp's server returns them for generated tokens only)
+  fails with a clear error instead of scoring silently wrong;
+* ``generate`` posts ``/v1/completions`` greedily (``temperature=0``);
+* ``chat`` posts ``/v1/chat/completions`` with a user message.
+
+The served model name comes from ``GET /v1/models`` unless given. An API key,
+when the server needs one, is read from ``LLMOPT_API_KEY`` (never written
+anywhere). Needs: httpx, and transformers for the tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from llmopt.backends.base import require
+from llmopt.errors import StageFailed
+
+LOGPROB_FIX = ("serve the model with an engine whose completions API echoes prompt log-probabilities "
+               "(vLLM, SGLang), or score in-process with runtime = \"transformers\"")
+
+
+def base_url(url: str) -> str:
+    """``http://host:port`` or ``http://host:port/v1`` -> ``http://host:port/v1``."""
+    url = url.rstrip("/")
+    for suffix in ("/completions", "/chat/completions"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+class EndpointRuntime:
+    """An OpenAI-compatible server, with a local tokenizer."""
+
+    name = "endpoint"
+
+    def __init__(self, model_dir: Path | None, device: str = "cpu", trust_remote_code: bool = False,
+                 url: str | None = None, served_model: str | None = None, timeout: float = 300.0,
+                 concurrency: int = 8):
+        if not url:
+            raise StageFailed("the endpoint runtime needs a URL", fix="set endpoint = \"http://host:port/v1\"")
+        httpx = require("httpx", "serve", "the endpoint runtime")
+        transformers = require("transformers", "core", "the endpoint runtime's tokenizer")
+        self.url = base_url(url)
+        headers = {"Authorization": f"Bearer {os.environ['LLMOPT_API_KEY']}"} if os.environ.get("LLMOPT_API_KEY") else {}
+        self.client = httpx.Client(timeout=timeout, headers=headers)
+        self.concurrency = concurrency
+        if model_dir is None:
+            raise StageFailed("the endpoint runtime needs a tokenizer folder", fix="pass the model folder the endpoint serves")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        self.model = served_model or self._served_model()
+        self._echo_tokens = 0  # max_tokens used with echo; becomes 1 when the server refuses 0
+
+    def _post(self, path: str, body: dict, allow_error: bool = False):
+        import httpx
+
+        try:
+            response = self.client.post(self.url + path, json=body)
+        except httpx.HTTPError as exc:
+            raise StageFailed(f"endpoint {self.url}{path} did not answer: {exc}", fix="check that the server is up and the URL is right") from None
+        if response.status_code >= 400 and not allow_error:
+            raise StageFailed(f"endpoint {self.url}{path} answered {response.status_code}: {response.text[:300]}",
+                              fix="check the server's log; the request is an OpenAI-compatible one")
+        return response
+
+    def _served_model(self) -> str:
+        import httpx
+
+        try:
+            response = self.client.get(self.url + "/models")
+            response.raise_for_status()
+            models = response.json().get("data") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise StageFailed(f"could not list the models served at {self.url}: {exc}",
+                              fix="check the URL, or set endpoint_model to the served model's name") from None
+        if not models:
+            raise StageFailed(f"{self.url}/models lists no model", fix="set endpoint_model to the served model's name")
+        return str(models[0]["id"])
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos_id = self.tokenizer.bos_token_id
+        return ([bos_id] if bos and bos_id is not None else []) + ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def nll(self, sequences: list[list[int]], scored: list[int]) -> list[float]:
+        if not sequences:
+            return []
+        first = self._prompt_logprobs(sequences[0])  # settles max_tokens before going concurrent
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            rest = list(pool.map(self._prompt_logprobs, sequences[1:]))
+        out = []
+        for seq, n, logprobs in zip(sequences, scored, [first] + rest):
+            out.append(-sum(logprobs[len(seq) - n:]))
+        return out
+
+    def _prompt_logprobs(self, seq: list[int]) -> list[float]:
+        """Log-probability of each prompt token (the first is 0: nothing predicts it)."""
+        body = {"model": self.model, "prompt": seq, "echo": True, "logprobs": 1, "temperature": 0,
+                "max_tokens": self._echo_tokens}
+        response = self._post("/completions", body, allow_error=self._echo_tokens == 0)
+        if response.status_code >= 400:  # some servers refuse max_tokens=0: ask for one token and drop it
+            self._echo_tokens = 1
+            response = self._post("/completions", dict(body, max_tokens=1))
+        choice = (response.json().get("choices") or [{}])[0]
+        values = (choice.get("logprobs") or {}).get("token_logprobs")
+        if not isinstance(values, list) or len(values) < len(seq):
+            got = len(values) if isinstance(values, list) else 0
+            raise StageFailed(f"endpoint {self.url} returned {got} log-probabilities for a prompt of {len(seq)} tokens: "
+                              "it does not echo prompt log-probabilities (echo=true, logprobs=1)", fix=LOGPROB_FIX)
+        values = values[: len(seq)]
+        if any(v is None for v in values[1:]):
+            raise StageFailed(f"endpoint {self.url} left some prompt log-probabilities empty",
+                              fix="disable prefix caching on the server, or " + LOGPROB_FIX)
+        return [0.0] + [float(v) for v in values[1:]]
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None) -> list[int]:
+        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": max_new_tokens, "temperature": 0}
+        choice = (self._post("/completions", body).json().get("choices") or [{}])[0]
+        return self.encode(choice.get("text") or "", bos=False)
+
+    def chat(self, text: str, max_new_tokens: int) -> str:
+        """Greedy reply of the served model to one user message, through its chat template."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": text}], "max_tokens": max_new_tokens,
+                "temperature": 0}
+        choice = (self._post("/chat/completions", body).json().get("choices") or [{}])[0]
+        return (choice.get("message") or {}).get("content") or ""

@@ -1,0 +1,176 @@
+"""Runtime: ONNX Runtime GenAI (``onnxruntime_genai``) over an exported model folder.
+
+The folder is what the ``onnx`` export writes: ``model.onnx``, ``genai_config.json``
+(session and EP tuning) and the tokenizer files. Tokens go through ``og.Tokenizer``;
+the BOS token is added as the Hugging Face tokenizer config says, so ids match the
+transformers runtime and baseline and candidate are scored on the same tokens.
+Scoring appends a whole sequence to a fresh ``og.Generator`` and reads the logits of
+every position (``get_output("logits")``); generation keeps the KV cache inside the
+generator (past and present share one buffer), reading back one token id per step.
+Needs: onnxruntime-genai (the ``ort`` extra), numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from llmopt.backends.base import require
+from llmopt.errors import StageFailed
+
+
+class OnnxRuntime:
+    """An ONNX Runtime GenAI model in process."""
+
+    name = "onnxruntime"
+
+    def __init__(self, model_dir: Path, device: str = "cpu", trust_remote_code: bool = False):
+        og = require("onnxruntime_genai", "ort", "the onnxruntime runtime", package="onnxruntime-genai")
+        self.og = og
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "genai_config.json").is_file():
+            raise StageFailed(f"{self.model_dir} has no genai_config.json; it is not an ONNX Runtime GenAI model",
+                              fix="export the model with [export] format = \"onnx\"")
+        self.config = json.loads((self.model_dir / "genai_config.json").read_text())["model"]
+        config = og.Config(str(self.model_dir))
+        if device == "cpu":  # the folder may be tuned for a GPU EP; run it on the CPU EP here
+            config.clear_providers()
+        self.model = og.Model(config)
+        self.tokenizer = og.Tokenizer(self.model)
+        self.bos_id = hf_bos_id(self.model_dir)
+        self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
+        self.context_length = int(self.config.get("context_length") or 0) or None
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        ids = [int(i) for i in self.tokenizer.encode(text)]
+        if self._added and ids[: len(self._added)] == self._added:
+            ids = ids[len(self._added):]  # a post-processor that adds BOS: add it only when asked
+        return ([self.bos_id] if bos and self.bos_id is not None else []) + ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(np.asarray(ids, dtype=np.int32)) if len(ids) else ""
+
+    @property
+    def eos_ids(self) -> set[int]:
+        eos = self.config.get("eos_token_id")
+        return set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    def _generator(self, total_length: int, **search):
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=total_length, **search)
+        return self.og.Generator(self.model, params)
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """float32 logits [len(ids), vocab] of one sequence, every position."""
+        generator = self._generator(len(ids) + 1)
+        generator.append_tokens(np.asarray(ids, dtype=np.int32))
+        out = generator.get_output("logits")
+        if out.shape[1] != len(ids):
+            raise StageFailed(f"the ONNX model returned logits for {out.shape[1]} of {len(ids)} positions",
+                              fix="export without prune_lm_head so every position has logits")
+        return out[0].astype(np.float32)
+
+    def nll(self, sequences: list[list[int]], scored: list[int]) -> list[float]:
+        result = []
+        for seq, count in zip(sequences, scored):
+            logits = self.logits(seq)[:-1].astype(np.float64)  # position t predicts token t+1
+            top = logits.max(axis=-1)
+            logsumexp = np.log(np.exp(logits - top[:, None]).sum(axis=-1)) + top
+            targets = np.asarray(seq[1:])
+            token_nll = logsumexp - logits[np.arange(len(targets)), targets]
+            result.append(float(token_nll[len(token_nll) - count:].sum()))
+        return result
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None) -> list[int]:
+        return list(self.stream(prompt_ids, max_new_tokens, stop_ids))
+
+    def stream(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None,
+               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
+        """Yield new token ids one at a time; the KV cache stays inside the og.Generator.
+
+        Greedy when ``temperature`` is 0, else nucleus sampling (``top_p``, no top-k cut) seeded by
+        ``seed``. Stops before a stop id (the model's end-of-sequence ids by default; not yielded)
+        or after ``max_new_tokens``; the model's own end-of-sequence ids also end generation.
+        Closing the iterator frees the generator at once."""
+        stops = self.eos_ids if stop_ids is None else set(stop_ids)
+        search: dict = {"do_sample": False}
+        if temperature > 0:
+            search = {"do_sample": True, "temperature": temperature, "top_p": top_p,
+                      "top_k": int(self.config.get("vocab_size") or 0), "random_seed": -1 if seed is None else seed}
+        generator = self._generator(len(prompt_ids) + max_new_tokens, **search)
+        try:
+            generator.append_tokens(np.asarray(prompt_ids, dtype=np.int32))
+            for _ in range(max_new_tokens):
+                if generator.is_done():
+                    return
+                generator.generate_next_token()
+                token = int(generator.get_next_tokens()[0])
+                if token in stops:
+                    return
+                yield token
+        finally:
+            del generator
+
+    def measure(self, prompt_len: int = 128, new_tokens: int = 64, repeats: int = 3, prompt_ids: list[int] | None = None) -> dict:
+        """Prefill and decode timings of the embedded generation loop (greedy, no early stop).
+
+        prefill: ``append_tokens`` of the prompt; TTFT: prefill plus the first token; decode: each
+        later ``generate_next_token`` (one forward pass). One warm-up run, then ``repeats`` runs."""
+        ids = list(prompt_ids) if prompt_ids else default_prompt(self, prompt_len)
+        ids = (ids * (prompt_len // max(len(ids), 1) + 1))[:prompt_len]
+        runs = [self._timed_run(ids, new_tokens) for _ in range(repeats + 1)][1:]
+        decode = [ms for run in runs for ms in run["decode"]]
+        return {
+            "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
+            "prefill_ms": statistics.median(r["prefill"] for r in runs),
+            "ttft_ms": statistics.median(r["ttft"] for r in runs),
+            "decode_ms_p50": float(np.percentile(decode, 50)), "decode_ms_p95": float(np.percentile(decode, 95)),
+            "tokens_per_s": 1000.0 / statistics.mean(decode),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+
+    def _timed_run(self, ids: list[int], new_tokens: int) -> dict:
+        total = len(ids) + new_tokens
+        generator = self._generator(total, do_sample=False, min_length=total)
+        start = time.perf_counter()
+        generator.append_tokens(np.asarray(ids, dtype=np.int32))
+        prefill = time.perf_counter()
+        steps = []
+        while not generator.is_done():
+            t = time.perf_counter()
+            generator.generate_next_token()
+            generator.get_next_tokens()
+            steps.append((time.perf_counter() - t) * 1000)
+        # the first call samples from the prefill logits; each later one runs the model once
+        return {"prefill": (prefill - start) * 1000, "ttft": (prefill - start) * 1000 + steps[0], "decode": steps[1:]}
+
+
+def default_prompt(runtime: OnnxRuntime, length: int) -> list[int]:
+    from llmopt import data
+
+    return runtime.encode("\n\n".join(data.load_texts("builtin:prose-eval")))[:length]
+
+
+def hf_bos_id(model_dir: Path) -> int | None:
+    """The BOS id the Hugging Face tokenizer adds (tokenizer_config.json's bos_token), or None."""
+    bos = None
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = model_dir / name
+        if bos is None and path.is_file():
+            bos = json.loads(path.read_text()).get("bos_token")
+    if isinstance(bos, dict):
+        bos = bos.get("content")
+    if not bos or not (model_dir / "tokenizer.json").is_file():
+        return None
+    tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    for added in tok.get("added_tokens", []):
+        if added.get("content") == bos:
+            return int(added["id"])
+    vocab = (tok.get("model") or {}).get("vocab")
+    return int(vocab[bos]) if isinstance(vocab, dict) and bos in vocab else None

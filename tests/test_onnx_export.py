@@ -1,0 +1,155 @@
+"""`[export] format = "onnx"` on the tiny model through `llmopt run`, and the onnxruntime runtime over it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime_genai")
+pytest.importorskip("onnx_ir")
+
+from llmopt import api  # noqa: E402
+
+from conftest import tiny_recipe, write_recipe  # noqa: E402
+
+
+def run(folder: Path, model: Path, body: str, windows: int = 4):
+    recipe = write_recipe(folder, tiny_recipe(model, windows=windows).replace('name = "tiny"', 'name = "tiny-onnx"') + body)
+    return api.run(recipe, cache_dir=folder / "cache", output_dir=folder / "artifact")
+
+
+def stage(result, name: str) -> dict:
+    return next(r for r in result.records if r.name == name).outputs
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tiny_model, tmp_path_factory):
+    return run(tmp_path_factory.mktemp("onnx-fp32"), tiny_model,
+               '[export]\nformat = "onnx"\nprecision = "fp32"\nintra_op_threads = 1\n')
+
+
+@pytest.fixture(scope="module")
+def w4a16_run(tiny_model, tmp_path_factory):
+    """RTN W4A16 g32 (llm-compressor, compressed-tensors) -> repack -> ONNX int4, fp32 MatMulNBits compute."""
+    pytest.importorskip("llmcompressor")
+    body = ('[[compress]]\nmethod = "rtn"\ngroup_size = 32\n\n'
+            '[export]\nformat = "onnx"\nprecision = "int4"\naccuracy_level = 1\nintra_op_threads = 1\n')
+    return run(tmp_path_factory.mktemp("onnx-w4a16"), tiny_model, body)
+
+
+def test_fp32_export_scores_as_transformers(fp32_run):
+    export = stage(fp32_run, "export.onnx")
+    assert export["format"] == "onnx" and export["verify"]["status"] == "passed"
+    model = fp32_run.artifact / "model"
+    assert {"model.onnx", "genai_config.json", "tokenizer.json"} <= {p.name for p in model.iterdir()}
+    genai = json.loads((model / "genai_config.json").read_text())
+    assert genai["model"]["decoder"]["session_options"]["intra_op_num_threads"] == 1
+    base, cand = stage(fp32_run, "eval.prose.baseline"), stage(fp32_run, "eval.prose.candidate")
+    assert (base["runtime"], cand["runtime"]) == ("transformers", "onnxruntime")
+    assert base["tokens"] == cand["tokens"] > 200
+    assert abs(cand["value"] / base["value"] - 1) < 1e-3  # perplexity within 0.1 %
+    manifest = json.loads((fp32_run.artifact / "manifest.json").read_text())
+    assert next(s for s in manifest["stages"] if s["name"] == "export.onnx")["outputs"]["verify"]["status"] == "passed"
+
+
+def test_runtime_generates_like_transformers(fp32_run):
+    from llmopt.runtimes.hf import TransformersRuntime
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    ort = OnnxRuntime(fp32_run.artifact / "model")
+    source = Path(json.loads((fp32_run.artifact / "manifest.json").read_text())["recipe"]["resolved"]["model"]["source"])
+    hf = TransformersRuntime(source)
+    text = "The river ran past the old mill and"
+    assert ort.encode(text) == hf.encode(text) and ort.encode(text)[0] == hf.tokenizer.bos_token_id
+    ids = ort.encode(text)
+    expected = list(hf.stream(ids, 12, stop_ids=set()))
+    got = ort.generate(ids, 12, stop_ids=set())  # greedy; onnxruntime-genai also ends at the model's EOS
+    assert got == expected[: len(got)] and (len(got) == 12 or got[-1] in ort.eos_ids)
+    a = ort.nll([ids, ids[:5]], [len(ids) - 1, 3])
+    b = hf.nll([ids, ids[:5]], [len(ids) - 1, 3])
+    assert a == pytest.approx(b, rel=1e-4)
+    sampled = list(ort.stream(ids, 8, stop_ids=set(), temperature=0.8, top_p=0.9, seed=7))
+    assert sampled == list(ort.stream(ids, 8, stop_ids=set(), temperature=0.8, top_p=0.9, seed=7)) and len(sampled) == 8
+    stream = ort.stream(ids, 50, stop_ids=set())
+    first = [next(stream) for _ in range(3)]
+    stream.close()  # stopping early frees the generator
+    assert first == ort.generate(ids, 3, stop_ids=set())
+    figures = ort.measure(prompt_len=16, new_tokens=4, repeats=1)
+    assert figures["prefill_ms"] > 0 and figures["decode_ms_p95"] >= figures["decode_ms_p50"] > 0
+    assert figures["ttft_ms"] > figures["prefill_ms"] and figures["peak_rss_bytes"] > 0
+
+
+def test_w4a16_checkpoint_is_repacked_and_runs_matmulnbits_on_cpu(w4a16_run):
+    export = stage(w4a16_run, "export.onnx")
+    assert export["quantized_input"]["repacked"] and export["quantized_input"]["group_size"] == 32
+    assert export["quantized_input"]["linears"] == 14  # 2 layers x 7 projections
+    verify = export["verify"]
+    assert verify["status"] == "passed" and verify["execution_provider"] == "CPUExecutionProvider"
+    assert verify["matmulnbits"]["executed"] == verify["matmulnbits"]["in_graph"] > 0
+    assert verify["fallback_nodes"] == 0 and "MatMulNBits" in verify["top_ops"]
+    report = json.loads((w4a16_run.plan.cache.path(w4a16_run.plan.stage("export.onnx").key) / "verify.json").read_text())
+    assert report["by_ep"].keys() == {"CPUExecutionProvider"} and report["runs"] == 5
+
+
+def test_w4a16_onnx_scores_as_the_pytorch_checkpoint(w4a16_run):
+    """The ONNX int4 model holds the checkpoint's integers: its NLL equals the PyTorch W4A16 model's."""
+    from llmopt.runtimes.hf import TransformersRuntime
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    plan = w4a16_run.plan
+    compressed = plan.cache.path(plan.stage("compress.0.rtn").key) / "model"
+    torch_model, onnx_model = TransformersRuntime(compressed), OnnxRuntime(w4a16_run.artifact / "model")
+    ids = torch_model.encode((Path(__file__).parents[1] / "llmopt/data/prose_eval.txt").read_text()[:2000])
+    windows = [ids[i:i + 64] for i in range(0, 256, 64)]
+    a = sum(torch_model.nll(windows, [63] * 4))
+    b = sum(onnx_model.nll(windows, [63] * 4))
+    assert abs(math.exp(b / 252) / math.exp(a / 252) - 1) < 2e-3
+
+
+def plan_problems(tmp_path, tiny_model, body: str) -> str:
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + body)
+    errors = api.plan(recipe, cache_dir=tmp_path / "cache").errors
+    assert errors
+    return "\n".join(str(p) for p in errors)
+
+
+def test_plan_refuses_a_block_size_that_does_not_divide_the_layers(tmp_path, tiny_model):
+    text = plan_problems(tmp_path, tiny_model, '[export]\nformat = "onnx"\nblock_size = 128\n')
+    assert "block_size 128 does not divide the input width of q_proj (64)" in text and "use one of: 16, 32, 64" in text
+
+
+def test_plan_refuses_asymmetric_int4_with_shared_embeddings(tmp_path, tiny_model):
+    text = plan_problems(tmp_path, tiny_model, '[export]\nformat = "onnx"\nis_symmetric = false\n')
+    assert "cannot load" in text and "shared_embeddings = false" in text
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[export]\nformat = "onnx"\nis_symmetric = false\n'
+                          'shared_embeddings = false\n', name="ok.toml")
+    assert not api.plan(recipe, cache_dir=tmp_path / "cache").errors
+
+
+def test_plan_refuses_what_the_builder_cannot_take_on_cpu(tmp_path, tiny_model):
+    text = plan_problems(tmp_path, tiny_model, '[[compress]]\nmethod = "fp8"\n\n[export]\nformat = "onnx"\n')
+    assert "fp8 checkpoints reach ONNX Runtime GenAI only on the CUDA EP" in text
+    text = plan_problems(tmp_path, tiny_model, '[[compress]]\nmethod = "gptq"\ngroup_size = 32\nactorder = "group"\n\n'
+                         '[export]\nformat = "onnx"\n')
+    assert "g_idx" in text
+    text = plan_problems(tmp_path, tiny_model, '[[compress]]\nmethod = "rtn"\ngroup_size = 32\n\n'
+                         '[export]\nformat = "onnx"\nprecision = "fp16"\n')
+    assert 'set precision = "int4"' in text
+
+
+def test_tokenizer_decoder_fix_only_touches_the_gguf_conversion_decoder(tmp_path):
+    from llmopt.backends.export.onnx import fix_tokenizer_decoder
+
+    byte_level = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    gguf = {"pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        byte_level]}}
+    spm = {"pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "Sequence", "decoders": gguf["decoder"]["decoders"][:3]}}
+    for name, tok, changed in (("gguf", gguf, True), ("spm", spm, False), ("plain", {"decoder": byte_level}, False)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(tok))
+        assert fix_tokenizer_decoder(path) is changed, name
+        assert json.loads(path.read_text())["decoder"] == (byte_level if changed else tok["decoder"])
