@@ -1,8 +1,11 @@
 """Reports of a run: report.json, a markdown summary, JUnit XML and the model card.
 
-``report.json`` has a stable schema (``schema_version``); ``junit.xml`` holds one
-test case per gate so CI systems show each gate; when ``GITHUB_STEP_SUMMARY`` is
-set the markdown summary is appended to it.
+``report.json`` has a stable schema (``schema_version``, described by
+``REPORT_JSON_SCHEMA``); each gate names the per-example score files of its
+baseline and candidate (``scores``, relative to report.json), so that ``llmopt
+gate`` can judge the same pairs again with other thresholds. ``junit.xml`` holds
+one test case per gate so CI systems show each gate; when ``GITHUB_STEP_SUMMARY``
+is set the markdown summary is appended to it.
 """
 
 from __future__ import annotations
@@ -16,30 +19,79 @@ from llmopt.cache import write_json
 from llmopt.output import human_size
 
 REPORT_SCHEMA = 1
+_NUMBER = {"type": ["number", "null"]}
+REPORT_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "llmopt report.json",
+    "type": "object",
+    "required": ["schema_version", "recipe", "recipe_sha256", "evals", "gates", "passed"],
+    "properties": {
+        "schema_version": {"const": REPORT_SCHEMA},
+        "recipe": {"type": "string"},
+        "recipe_sha256": {"type": "string"},
+        "passed": {"type": "boolean"},
+        "evals": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["metric", "value", "higher_is_better", "n", "scores"],
+            "properties": {"metric": {"type": "string"}, "value": {"type": "number"}, "higher_is_better": {"type": "boolean"},
+                           "n": {"type": "integer", "minimum": 0}, "scores": {"type": "string"}}}},
+        "gates": {"type": "array", "items": {
+            "type": "object", "required": ["name", "kind", "metric", "n", "delta", "ci", "verdict", "reason"],
+            "properties": {
+                "name": {"type": "string"}, "kind": {"type": "string"}, "metric": {"type": "string"},
+                "n": {"type": "integer", "minimum": 0}, "baseline": _NUMBER, "candidate": _NUMBER, "delta": _NUMBER,
+                "ci": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
+                "method": {"enum": ["score", "bootstrap"]}, "confidence": {"type": "number"},
+                "gate_on": {"enum": ["interval", "point"]}, "higher_is_better": {"type": "boolean"},
+                "verdict": {"enum": ["pass", "fail", "no-gate"]}, "reason": {"type": "string"},
+                "undecided": {"type": "boolean"}, "thresholds": {"type": "object"},
+                "scores": {"type": "object", "required": ["baseline", "candidate"],
+                           "properties": {"baseline": {"type": "string"}, "candidate": {"type": "string"}}},
+            }}},
+    },
+}
 
 
-def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> None:
+def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
+    """Copy each eval stage's per-example scores next to the reports, then write them."""
     folder.mkdir(parents=True, exist_ok=True)
-    report = {
-        "schema_version": REPORT_SCHEMA,
-        "recipe": plan.recipe.recipe.name,
-        "recipe_sha256": plan.recipe.digest,
-        "evals": {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"},
-        "gates": gates,
-        "passed": all(g["verdict"] != "fail" for g in gates),
-    }
-    write_json(folder / "report.json", report)
     for stage in plan.stages:
         scores = manifests[stage.name]["outputs"].get("scores") if stage.kind == "eval" else None
         if scores:
             shutil.copy2(plan.cache.path(stage.key) / scores, folder / f"{stage.name}.scores.jsonl")
-    summary = markdown(plan.recipe.recipe.name, gates)
+    evals = {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"}
+    return write_reports(folder, plan.recipe.recipe.name, plan.recipe.digest, evals, with_score_files(folder, gates))
+
+
+def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
+    """Gate records naming their per-example score files (relative to ``folder``), which
+    ``llmopt gate`` reads to judge the same pairs again with other thresholds."""
+    out = []
+    for g in gates:
+        files = {role: f"eval.{g['name']}.{role}.scores.jsonl" for role in ("baseline", "candidate")}
+        out.append(dict(g, scores=files) if all((folder / f).is_file() for f in files.values()) else dict(g))
+    return out
+
+
+def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict]) -> dict:
+    """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY."""
+    folder.mkdir(parents=True, exist_ok=True)
+    report = {
+        "schema_version": REPORT_SCHEMA,
+        "recipe": name,
+        "recipe_sha256": recipe_sha256,
+        "evals": evals,
+        "gates": gates,
+        "passed": all(g["verdict"] != "fail" for g in gates),
+    }
+    write_json(folder / "report.json", report)
+    summary = markdown(name, gates, evals)
     (folder / "report.md").write_text(summary)
-    (folder / "junit.xml").write_text(junit(plan.recipe.recipe.name, gates))
+    (folder / "junit.xml").write_text(junit(name, gates))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as f:
             f.write(summary + "\n")
+    return report
 
 
 def fmt(value, digits: int = 4) -> str:
@@ -69,10 +121,14 @@ def gate_rows(gates: list[dict]) -> list[list[str]]:
 HEADER = ["eval", "metric", "baseline", "candidate", "delta", "interval", "n", "verdict"]
 
 
-def markdown(name: str, gates: list[dict]) -> str:
+def markdown(name: str, gates: list[dict], evals: dict | None = None) -> str:
     lines = [f"## llmopt accuracy gates: {name}", ""]
     if not gates:
-        return "\n".join(lines + ["No evals in this recipe.", ""])
+        if not evals:
+            return "\n".join(lines + ["No evals in this recipe.", ""])
+        lines += ["No gates: the model was scored alone.", "", "| eval | metric | value | n |", "|---|---|---|---|"]
+        lines += [f"| {stage} | {o.get('metric', '-')} | {fmt(o.get('value'))} | {o.get('n', '-')} |" for stage, o in evals.items()]
+        return "\n".join(lines) + "\n"
     lines.append("| " + " | ".join(HEADER) + " |")
     lines.append("|" + "---|" * len(HEADER))
     lines += ["| " + " | ".join(row) + " |" for row in gate_rows(gates)]

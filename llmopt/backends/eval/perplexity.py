@@ -6,20 +6,20 @@ tokens no earlier window scored (all of them for the first), so every token is
 scored exactly once with up to ``window - stride`` tokens of context. The
 negative log-likelihood of each window is kept (``scores.jsonl``), so that the
 gate can pair baseline and candidate window by window.
-Needs: torch and transformers (in-process runtime).
+Needs: torch and transformers (in-process runtime), or an endpoint that echoes
+prompt log-probabilities (runtime = "endpoint").
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Literal
 
 from pydantic import Field
 
 from llmopt import data as datasets
+from llmopt import evalkit
 from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt import runtimes
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -31,9 +31,9 @@ class PerplexityOptions(Options):
     stride: int | None = Field(None, ge=1, description="Tokens between window starts (default: window, i.e. no overlap).")
     max_windows: int | None = Field(64, ge=1, description="Score at most this many windows (None: all).")
     batch_size: int = Field(4, ge=1, description="Windows per forward pass.")
-    runtime: Literal["auto", "transformers", "onnxruntime"] = Field(
-        "auto", description="Where to run the model: auto picks by the model's format."
-    )
+    runtime: evalkit.Runtime = Field("auto", description=evalkit.RUNTIME_HELP)
+    endpoint: str | None = Field(None, description=evalkit.ENDPOINT_HELP)
+    endpoint_model: str | None = Field(None, description=evalkit.ENDPOINT_MODEL_HELP)
 
 
 def windows(n_tokens: int, window: int, stride: int, limit: int | None) -> list[tuple[int, int, int]]:
@@ -59,7 +59,7 @@ class Perplexity:
     higher_is_better = False
 
     def check(self, options: PerplexityOptions, ctx: PlanContext) -> list[Problem]:
-        problems = []
+        problems = evalkit.check_runtime(options, ctx)
         problem = datasets.check_spec(options.data, ctx.recipe.path.parent)
         if problem:
             problems.append(ctx.problem(problem, "data"))
@@ -70,7 +70,7 @@ class Perplexity:
         return problems
 
     def run(self, options: PerplexityOptions, ctx: StageContext) -> dict:
-        model = runtimes.load(ctx, options.runtime)
+        model = evalkit.open_model(ctx, options)
         texts = datasets.load_texts(options.data, options.text_field, ctx.recipe.path.parent)
         ids = model.encode("\n\n".join(texts))
         spans = windows(len(ids), options.window, options.stride or options.window, options.max_windows)

@@ -1,0 +1,77 @@
+"""llmopt eval: run a recipe's evals alone, or gate a candidate against the recipe's source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmopt.cli.app import CacheOpt, FormatOpt, RecipeArg, SetOpt, app, sink
+
+ReportsOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder for report.json, report.md, junit.xml and per-example scores (default: reports/<recipe name>).")]
+
+
+@app.command("eval")
+def eval_(
+    recipe: RecipeArg,
+    model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Model folder to score instead of the recipe's source (with --candidate: the baseline).")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Score the model served at this OpenAI-compatible URL (tokenizer from --model or the recipe's source).")] = None,
+    candidate: Annotated[Optional[str], typer.Option("--candidate", "-c", help="Model folder or endpoint URL to gate against the baseline; exits 3 when a gate fails.")] = None,
+    set_: SetOpt = None,
+    force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run these stages even when cached (a name or prefix such as eval, or 'all').")] = None,
+    cache_dir: CacheOpt = None,
+    output: ReportsOpt = None,
+    format: FormatOpt = "human",
+) -> None:
+    """Run a recipe's evals without compressing: on its source, a model folder or a served endpoint.
+
+    With --candidate, the recipe's source (or --model) is the baseline and the candidate is scored
+    on the same examples; the recipe's gates decide, and the command exits 3 when one fails.
+    Baseline scores that `llmopt run` already computed come from the cache.
+
+    Examples:
+
+        llmopt eval recipes/quickstart.toml --model ./my-model
+
+        llmopt eval recipes/quickstart.toml --candidate artifacts/quickstart/model -o reports/
+
+        llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --format json
+    """
+    from llmopt.errors import GateFailed
+    from llmopt.evaluate import evaluate
+
+    out = sink(format)
+    try:
+        result = evaluate(recipe, set_ or [], model, endpoint, candidate, cache_dir, output, out, force)
+    except GateFailed as err:
+        result = getattr(err, "result", None)
+        if result is not None:
+            out.result(result.to_dict(), lambda c: show(c, result.evals, result.gates, result.folder))
+        raise
+    out.result(result.to_dict(), lambda c: show(c, result.evals, result.gates, result.folder))
+
+
+def show(console, evals: dict, gates: list[dict], folder) -> None:
+    from rich.table import Table
+
+    from llmopt.reports import HEADER, fmt, gate_rows
+
+    if gates:
+        table = Table(title="accuracy gates")
+        for col in HEADER:
+            table.add_column(col)
+        for row in gate_rows(gates):
+            colour = {"PASS": "green", "FAIL": "red"}.get(row[-1], "yellow")
+            table.add_row(*row[:-1], f"[{colour}]{row[-1]}[/]")
+        console.print(table)
+        for g in gates:
+            console.print(f"  {g['name']}: {g.get('reason', '')}")
+    elif evals:
+        table = Table(title="evals")
+        for col in ("stage", "metric", "value", "n"):
+            table.add_column(col)
+        for stage, o in evals.items():
+            table.add_row(stage, str(o.get("metric")), fmt(o.get("value")), str(o.get("n")))
+        console.print(table)
+    console.print(f"reports: {folder}")

@@ -1,0 +1,124 @@
+"""Eval backends on the tiny model: paired per-example scores, and perplexity against plain transformers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from llmopt import evaluate
+from llmopt.backends.eval.generation import GenerationOptions, cut, is_correct, normalise
+from llmopt.backends.eval.multiple_choice import MultipleChoiceOptions, context_of, example_row
+
+from conftest import DATA, write_recipe
+
+
+def recipe_for(model: Path, evals: str) -> str:
+    return f'schema_version = 1\nname = "tiny-evals"\n\n[model]\nsource = "{model}"\n\n{evals}'
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_multiple_choice_and_generation_give_paired_scores(tiny_model, tmp_path):
+    body = """
+[[eval]]
+name = "mc"
+kind = "multiple_choice"
+limit = 24
+metric = "acc_norm"
+max_drop = 0.2
+
+[[eval]]
+name = "qa"
+kind = "generation"
+limit = 6
+max_new_tokens = 4
+max_drop = 0.5
+"""
+    recipe = write_recipe(tmp_path, recipe_for(tiny_model, body))
+    result = evaluate.evaluate(recipe, candidate=tiny_model, output=tmp_path / "reports")
+    assert [g["verdict"] for g in result.gates] == ["pass", "pass"]
+    for name, n in (("mc", 24), ("qa", 6)):
+        base = read_rows(tmp_path / "reports" / f"eval.{name}.baseline.scores.jsonl")
+        cand = read_rows(tmp_path / "reports" / f"eval.{name}.candidate.scores.jsonl")
+        assert len(base) == n and [r["id"] for r in base] == [r["id"] for r in cand]
+        assert all(r["score"] in (0, 1) for r in base + cand)
+        gate = next(g for g in result.gates if g["name"] == name)
+        assert gate["n"] == n and gate["method"] == "score" and gate["delta"] == 0.0
+    mc = read_rows(tmp_path / "reports" / "eval.mc.baseline.scores.jsonl")
+    assert all(len(r["loglik"]) == 4 and all(x < 0 for x in r["loglik"]) for r in mc)
+    assert all(r["score"] == r["acc_norm"] for r in mc)
+    outputs = result.report["evals"]["eval.mc.baseline"]
+    assert outputs["value"] == pytest.approx(sum(r["acc_norm"] for r in mc) / 24)
+    assert outputs["normalisation"] == "characters" and outputs["chance"] == 0.25
+
+
+def test_mc_picks_by_total_and_per_character_loglikelihood():
+    item = {"id": "q", "choices": ["a", "bbbbbbbb"], "answer": 1}
+    row = example_row(item, [-2.0, -4.0], [1, 8], "acc")
+    assert (row["pred"], row["pred_norm"], row["score"], row["acc_norm"]) == (0, 1, 0, 1)
+
+
+def test_mc_few_shot_never_shows_the_question_itself():
+    pool = [json.loads(line) for line in (DATA / "mc.jsonl").read_text().splitlines()[:10]]
+    options = MultipleChoiceOptions(few_shot=3)
+    for item in pool:
+        context = context_of(options, item, pool)
+        assert context.count("Question:") == 4 and context.endswith(f"Question: {item['question']}\nAnswer:")
+        assert context.count(item["question"]) == 1
+    assert context_of(options, pool[0], pool) == context_of(options, pool[0], pool)  # seeded
+
+
+def test_generation_matching_and_normalisation():
+    exact = GenerationOptions()
+    assert normalise("  The  Answer, is: BLUE! ", exact.normalize) == "the answer is blue"
+    assert cut("\n 12\nQuestion: 3", ["\n"]) == "12"
+    assert is_correct("Blue.", ["blue"], exact) and not is_correct("light blue", ["blue"], exact)
+    assert is_correct("twelve", ["12", "twelve"], exact)
+    contains = GenerationOptions(match="contains")
+    assert is_correct("It is light blue.", ["blue"], contains) and not is_correct("bluer", ["blue"], contains)
+    regex = GenerationOptions(match="regex")
+    assert is_correct("The result is 1,024 apples", ["1,024"], regex) and not is_correct("none", ["3"], regex)
+    assert not is_correct("", [""], exact)
+
+
+def independent_perplexity(model_dir: Path, window: int, stride: int, max_windows: int) -> float:
+    """Perplexity over the same windows from transformers' own loss, with the context masked by -100."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    paragraphs = [p.strip() for p in (DATA / "prose_eval.txt").read_text().split("\n\n") if p.strip()]
+    ids = [tok.bos_token_id] + tok("\n\n".join(paragraphs), add_special_tokens=False)["input_ids"]
+    total_nll, total_tokens, scored_until = 0.0, 0, 0
+    for begin in range(0, len(ids), stride):
+        end = min(begin + window, len(ids))
+        chunk = torch.tensor([ids[begin:end]])
+        labels = chunk.clone()
+        fresh = end - max(scored_until, begin + 1)  # tokens not scored by an earlier window
+        labels[0, : chunk.shape[1] - fresh] = -100
+        with torch.no_grad():
+            loss = model(input_ids=chunk, labels=labels).loss
+        total_nll += float(loss) * fresh
+        total_tokens += fresh
+        scored_until = end
+        max_windows -= 1
+        if end == len(ids) or max_windows == 0:
+            break
+    return math.exp(total_nll / total_tokens)
+
+
+def test_perplexity_matches_plain_transformers(tiny_model, tmp_path):
+    body = '[[eval]]\nname = "prose"\nkind = "perplexity"\nwindow = 64\nstride = 40\nmax_windows = 6\n'
+    recipe = write_recipe(tmp_path, recipe_for(tiny_model, body))
+    result = evaluate.evaluate(recipe, output=tmp_path / "reports")
+    ours = result.report["evals"]["eval.prose"]["value"]
+    theirs = independent_perplexity(tiny_model, 64, 40, 6)
+    print(f"llmopt perplexity {ours:.4f}, transformers loss {theirs:.4f}")
+    assert ours == pytest.approx(theirs, rel=0.005)
+    assert result.report["evals"]["eval.prose"]["n"] == 6

@@ -1,0 +1,150 @@
+"""`llmopt eval` and `llmopt gate`: exit codes, report.json schema, JUnit XML, step summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from llmopt.cli.main import main
+from llmopt.reports import REPORT_JSON_SCHEMA
+
+from conftest import write_recipe
+
+BODY = """schema_version = 1
+name = "gated"
+
+[model]
+source = "{model}"
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+window = 64
+max_windows = 4
+max_increase_pct = 5
+
+[[eval]]
+name = "mc"
+kind = "multiple_choice"
+limit = 16
+max_drop = 0.5
+"""
+
+
+def call(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def perturbed_copy(model: Path, folder: Path, scale: float = 6.0) -> Path:
+    """The tiny model with its (tied) embedding matrix scaled up: sharp, wrong next-token guesses."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, folder)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] * scale
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture()
+def recipe(tiny_model, tmp_path) -> Path:
+    return write_recipe(tmp_path, BODY.format(model=tiny_model))
+
+
+def check_reports(folder: Path, verdicts: dict[str, str]) -> dict:
+    report = json.loads((folder / "report.json").read_text())
+    jsonschema.validate(report, REPORT_JSON_SCHEMA)
+    assert {g["name"]: g["verdict"] for g in report["gates"]} == verdicts
+    suite = ET.parse(folder / "junit.xml").getroot()
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == list(verdicts)
+    assert int(suite.get("tests")) == len(verdicts)
+    assert int(suite.get("failures")) == sum(v == "fail" for v in verdicts.values())
+    for case in cases:
+        assert (case.find("failure") is not None) == (verdicts[case.get("name")] == "fail")
+    for g in report["gates"]:
+        assert all((folder / name).is_file() for name in g["scores"].values())
+    return report
+
+
+def test_identical_candidate_passes(capsys, recipe, tiny_model, tmp_path):
+    same = shutil.copytree(tiny_model, tmp_path / "same")
+    code, out, err = call(capsys, "eval", str(recipe), "--candidate", str(same), "-o", str(tmp_path / "r"), "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["passed"] is True and [g["verdict"] for g in doc["gates"]] == ["pass", "pass"]
+    report = check_reports(tmp_path / "r", {"prose": "pass", "mc": "pass"})
+    prose = report["gates"][0]
+    assert prose["delta"] == 0.0 and prose["method"] == "bootstrap"
+    assert "| prose | perplexity |" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_damaged_candidate_fails_with_exit_3(capsys, recipe, tiny_model, tmp_path, monkeypatch):
+    damaged = perturbed_copy(tiny_model, tmp_path / "damaged")
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err = call(capsys, "eval", str(recipe), "--candidate", str(damaged), "-o", str(tmp_path / "r"))
+    assert code == 3, err
+    assert "accuracy gate failed: prose" in err and "Traceback" not in err
+    mc_verdict = json.loads((tmp_path / "r" / "report.json").read_text())["gates"][1]["verdict"]  # chance level either way
+    report = check_reports(tmp_path / "r", {"prose": "fail", "mc": mc_verdict})
+    prose = report["gates"][0]
+    assert prose["candidate"] > 3 * prose["baseline"] and prose["ci"][0] > 1.0  # perplexity several times higher
+    assert "FAIL" in (tmp_path / "r" / "report.md").read_text()
+    assert "## llmopt accuracy gates: gated" in summary.read_text()
+
+    # judged again: a loose enough threshold passes, without re-scoring anything
+    code, out, _ = call(capsys, "gate", str(tmp_path / "r" / "report.json"), "-s", "prose.max_increase_pct=1000",
+                        "-s", "mc.max_drop=none", "-o", str(tmp_path / "again"), "-f", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [g["verdict"] for g in doc["gates"]] == ["pass", "no-gate"]
+    check_reports(tmp_path / "again", {"prose": "pass", "mc": "no-gate"})
+    code, _, err = call(capsys, "gate", str(tmp_path / "r" / "report.json"))
+    assert code == 3 and "accuracy gate failed: prose" in err
+
+
+def test_gate_rejects_unknown_settings(capsys, recipe, tiny_model, tmp_path):
+    assert call(capsys, "eval", str(recipe), "--candidate", str(tiny_model), "-o", str(tmp_path / "r"))[0] == 0
+    report = str(tmp_path / "r" / "report.json")
+    code, _, err = call(capsys, "gate", report, "-s", "prose.max_dorp=1")
+    assert code == 2 and "KEY one of max_drop" in err
+    code, _, err = call(capsys, "gate", report, "-s", "nosuch.max_drop=1")
+    assert code == 2 and "EVAL one of prose, mc" in err
+    code, _, err = call(capsys, "gate", report, "-s", "prose.interval=score")
+    assert code == 2 and "0/1 scores" in err
+    code, out, _ = call(capsys, "gate", report, "-s", "mc.interval=bootstrap", "-f", "json")
+    assert code == 0 and json.loads(out)["gates"][1]["method"] == "bootstrap"
+
+
+def test_eval_a_model_alone(capsys, recipe, tiny_model, tmp_path):
+    code, out, err = call(capsys, "eval", str(recipe), "--model", str(tiny_model), "-o", str(tmp_path / "r"), "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["gates"] == [] and set(doc["evals"]) == {"eval.prose", "eval.mc"}
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    jsonschema.validate(report, REPORT_JSON_SCHEMA)
+    assert "No gates: the model was scored alone." in (tmp_path / "r" / "report.md").read_text()
+    assert ET.parse(tmp_path / "r" / "junit.xml").getroot().get("tests") == "0"
+
+
+def test_eval_usage_errors(capsys, recipe, tmp_path):
+    code, _, err = call(capsys, "eval", str(recipe), "--endpoint", "http://127.0.0.1:9/v1", "--candidate", "x")
+    assert code == 2 and "ambiguous" in err
+    code, _, err = call(capsys, "eval", str(recipe), "--candidate", str(tmp_path / "missing"))
+    assert code == 2 and "model folder not found" in err
+    code, _, err = call(capsys, "gate", str(tmp_path / "nope.json"))
+    assert code == 2 and "cannot read" in err
+
+
+@pytest.mark.parametrize("command", ["eval", "gate"])
+def test_help_has_examples(capsys, command):
+    code, out, _ = call(capsys, command, "--help")
+    assert code == 0 and "Examples:" in out and f"llmopt {command} " in out

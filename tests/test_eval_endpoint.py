@@ -1,0 +1,197 @@
+"""The endpoint runtime against a small OpenAI-compatible server started here, on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from llmopt import evaluate
+from llmopt.errors import StageFailed
+from llmopt.runtimes.endpoint import EndpointRuntime, base_url
+from llmopt.runtimes.hf import TransformersRuntime
+
+from conftest import write_recipe
+
+
+def prompt_logprobs(runtime: TransformersRuntime, ids: list[int]) -> tuple[list, list]:
+    """Log-probability of each token given the ones before it (None for the first), and the top one."""
+    import torch
+
+    with torch.inference_mode():
+        logits = runtime.model(input_ids=torch.tensor([ids])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    token_lp = [None] + [float(logprobs[t - 1, ids[t]]) for t in range(1, len(ids))]
+    top = [None] + [{runtime.tokenizer.convert_ids_to_tokens(int(logprobs[t - 1].argmax())): float(logprobs[t - 1].max())}
+                    for t in range(1, len(ids))]
+    return token_lp, top
+
+
+def make_app(model_dir: Path, refuse_zero_tokens: bool = False, echo_logprobs: bool = True):
+    """A minimal OpenAI-compatible server over the transformers runtime."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    runtime = TransformersRuntime(model_dir)
+    app = FastAPI()
+    app.state.requests = []
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
+
+    def choice(index: int, prompt, body: dict) -> dict:
+        ids = prompt if isinstance(prompt, list) else runtime.encode(prompt)
+        max_tokens = body.get("max_tokens", 16)
+        new = runtime.generate(ids, max_tokens) if max_tokens else []
+        logprobs = None
+        if body.get("logprobs") is not None:
+            lp, top = prompt_logprobs(runtime, ids + new)
+            if not (body.get("echo") and echo_logprobs):  # only the generated tokens
+                lp, top = lp[len(ids):], top[len(ids):]
+            logprobs = {"token_logprobs": lp, "top_logprobs": top, "tokens": [], "text_offset": []}
+        text = (runtime.decode(ids) if body.get("echo") else "") + runtime.decode(new)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": "length"}
+
+    @app.post("/v1/completions")
+    def completions(body: dict):
+        app.state.requests.append(body)
+        if body.get("max_tokens") == 0 and refuse_zero_tokens:
+            return JSONResponse({"error": {"message": "max_tokens must be at least 1"}}, status_code=400)
+        prompt = body["prompt"]
+        prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+        return {"object": "text_completion", "model": "tiny", "choices": [choice(i, p, body) for i, p in enumerate(prompts)]}
+
+    @app.post("/v1/chat/completions")
+    def chat(body: dict):
+        app.state.requests.append(body)
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in body["messages"]) + "assistant:"
+        reply = runtime.decode(runtime.generate(runtime.encode(text), body.get("max_tokens", 16)))
+        return {"object": "chat.completion", "model": "tiny",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "length"}]}
+
+    return app, runtime
+
+
+class Server:
+    """uvicorn in a thread, listening on a free loopback port."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the test server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model):
+    app, runtime = make_app(tiny_model)
+    with Server(app) as server:
+        yield server, runtime, app
+
+
+def test_base_url_forms():
+    assert base_url("http://h:1") == base_url("http://h:1/v1/") == base_url("http://h:1/v1/completions") == "http://h:1/v1"
+
+
+def test_endpoint_scores_and_generates_like_the_in_process_runtime(served, tiny_model):
+    server, local, _ = served
+    remote = EndpointRuntime(tiny_model, url=server.url)
+    assert remote.model == "tiny"
+    sequences = [local.encode("The river ran past the old mill."), local.encode("A short one.")]
+    scored = [5, len(sequences[1]) - 1]
+    assert remote.nll(sequences, scored) == pytest.approx(local.nll(sequences, scored), rel=1e-4)
+    prompt = local.encode("Once upon a time")
+    assert remote.decode(remote.generate(prompt, 6)) == local.decode(local.generate(prompt, 6))
+    assert isinstance(remote.chat("Hello", 4), str)
+
+
+def test_a_server_refusing_max_tokens_zero_gets_one_token_and_it_is_dropped(tiny_model):
+    app, local = make_app(tiny_model, refuse_zero_tokens=True)
+    with Server(app) as server:
+        remote = EndpointRuntime(tiny_model, url=server.url)
+        seq = local.encode("Words and more words.")
+        assert remote.nll([seq], [4]) == pytest.approx(local.nll([seq], [4]), rel=1e-4)
+        assert [r.get("max_tokens") for r in app.state.requests] == [0, 1]
+
+
+def test_a_server_without_prompt_logprobs_fails_clearly(tiny_model):
+    app, local = make_app(tiny_model, echo_logprobs=False)
+    with Server(app) as server:
+        remote = EndpointRuntime(tiny_model, url=server.url)
+        with pytest.raises(StageFailed, match="does not echo prompt log-probabilities"):
+            remote.nll([local.encode("Some words here.")], [3])
+
+
+def test_an_unreachable_endpoint_fails_clearly(tiny_model):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    with pytest.raises(StageFailed, match="could not list the models"):
+        EndpointRuntime(tiny_model, url=f"http://127.0.0.1:{port}/v1")
+
+
+def test_gate_a_served_candidate_against_the_in_process_baseline(served, tiny_model, tmp_path):
+    server, _, app = served
+    body = f"""schema_version = 1
+name = "served"
+
+[model]
+source = "{tiny_model}"
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+window = 64
+max_windows = 3
+max_increase_pct = 1
+
+[[eval]]
+name = "mc"
+kind = "multiple_choice"
+limit = 12
+max_drop = 0.3
+
+[[eval]]
+name = "qa"
+kind = "generation"
+limit = 3
+max_new_tokens = 3
+max_drop = 0.8
+"""
+    recipe = write_recipe(tmp_path, body)
+    before = len(app.state.requests)
+    result = evaluate.evaluate(recipe, candidate=server.url, output=tmp_path / "reports")
+    assert len(app.state.requests) > before
+    runtimes = {name: e["runtime"] for name, e in result.evals.items()}
+    assert runtimes["eval.prose.baseline"] == "transformers" and runtimes["eval.prose.candidate"] == "endpoint"
+    prose = next(g for g in result.gates if g["name"] == "prose")
+    assert abs(prose["delta"]) < 1e-4 and prose["verdict"] == "pass"  # same weights, served
+    mc = next(g for g in result.gates if g["name"] == "mc")
+    assert mc["discordant"] == {"candidate_better": 0, "candidate_worse": 0}
+    again = evaluate.evaluate(recipe, candidate=server.url, output=tmp_path / "reports")
+    status = {r.name: r.status for r in again.records}
+    assert status["eval.mc.baseline"] == "cached" and status["eval.mc.candidate"] == "ran"  # a server can change
+    report = json.loads((tmp_path / "reports" / "report.json").read_text())
+    assert report["passed"] is True
