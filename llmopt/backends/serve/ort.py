@@ -1,0 +1,133 @@
+"""ONNX Runtime GenAI launch configs: session options for the target and ``llmopt serve``.
+
+The artifact's ONNX model (``[export] format = "onnx"``) carries a ``genai_config.json``.
+This backend writes the overlay that adapts it to the target: the execution provider
+(CUDA when [target] names a GPU, else CPU), thread count and ``search.max_length``
+(``serve.max_model_len``, at most the model's context). The overlay is checked with
+onnxruntime-genai's own ``Config.overlay`` when it is installed, and ``launch.sh`` serves
+the model with it through ``llmopt serve`` (an OpenAI-compatible server).
+Needs: pyyaml (the ``deploy`` extra); onnxruntime-genai to validate (the ``ort`` extra).
+Produces: ``deploy/ort/genai_config.overlay.json``, ``genai_config.json`` (the model's
+config with the overlay applied) and ``launch.sh``; with an ``image`` option also
+``docker-compose.yaml`` and ``kubernetes.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from llmopt.backends.base import Options, PlanContext, package_version
+from llmopt.deploy import compat, files
+from llmopt.errors import Problem, StageFailed
+from llmopt.registry import register
+
+
+class OrtOptions(Options):
+    provider: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Execution provider; auto: cuda when [target] names a GPU, else cpu.")
+    intra_op_num_threads: int | None = Field(
+        None, ge=1, description="CPU threads of one operator (default: ONNX Runtime's choice).")
+    max_queue: int = Field(16, ge=0, description="Requests that may wait while one generates (llmopt serve --max-queue).")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
+    image: str | None = Field(
+        None, description="A container image with `llmopt[ort,serve]` installed; when set, docker-compose.yaml and "
+        "kubernetes.yaml are written too.")
+
+
+def provider_of(options: OrtOptions, gpu) -> str:
+    return options.provider if options.provider != "auto" else ("cuda" if gpu is not None else "cpu")
+
+
+def overlay(options: OrtOptions, provider: str, max_length: int) -> dict:
+    session: dict = {"provider_options": [{"cuda": {}}] if provider == "cuda" else []}
+    if options.intra_op_num_threads:
+        session["intra_op_num_threads"] = options.intra_op_num_threads
+    return {"model": {"decoder": {"session_options": session}}, "search": {"max_length": max_length}}
+
+
+def merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def validate(model_dir: Path, text: str) -> dict:
+    """Apply the overlay with onnxruntime-genai's own Config when it is installed."""
+    version = package_version("onnxruntime-genai")
+    if version is None:
+        return {"ok": True, "validated_by": "not validated (onnxruntime-genai is not installed)", "errors": []}
+    import onnxruntime_genai as og
+
+    try:
+        og.Config(str(model_dir)).overlay(text)
+    except Exception as exc:  # the library raises its own RuntimeError types
+        return {"ok": False, "validated_by": f"onnxruntime-genai {version} Config", "errors": [str(exc)]}
+    return {"ok": True, "validated_by": f"onnxruntime-genai {version} Config", "errors": []}
+
+
+def script(serve_args: list[str]) -> str:
+    """launch.sh: a folder of links to model/ with the adapted genai_config.json, served by llmopt serve."""
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        "# Serves the artifact two folders up with ONNX Runtime GenAI through `llmopt serve` (written by llmopt).",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")/../.."',
+        'run="${LLMOPT_RUN_DIR:-$(mktemp -d)}"',
+        'for f in model/*; do ln -sfn "$PWD/$f" "$run/$(basename "$f")"; done',
+        'rm -f "$run/genai_config.json" && cp deploy/ort/genai_config.json "$run/genai_config.json"',
+        f'exec llmopt serve "$run" {" ".join(shlex.quote(a) for a in serve_args)} "$@"',
+        "",
+    ])
+
+
+@register("serve", "ort")
+class OrtServe:
+    Options = OrtOptions
+    requires = ()
+    extra = "deploy"
+
+    @staticmethod
+    def accepts(recipe, produced, gpu, loaded) -> list[Problem]:
+        return compat.engine_problems("ort", produced, gpu, loaded)
+
+    def check(self, options: OrtOptions, ctx: PlanContext) -> list[Problem]:
+        if options.provider == "cuda" and ctx.gpu is None:
+            return [ctx.problem("provider \"cuda\" needs a GPU, but [target] names none", "provider",
+                                hint="set [target] gpu, or provider = \"cpu\"")]
+        return []
+
+    def render(self, options: OrtOptions, plan, model_dir: Path, folder: Path) -> dict:
+        recipe = plan.recipe.recipe
+        config_path = Path(model_dir) / "genai_config.json"
+        if not config_path.is_file():
+            raise StageFailed("ort serves ONNX Runtime GenAI models, but model/ has no genai_config.json",
+                              where="serve.backend", fix="set [export] format = \"onnx\"")
+        base = json.loads(config_path.read_text())
+        context = base.get("model", {}).get("context_length")
+        max_length = min(recipe.serve.max_model_len, context) if context else recipe.serve.max_model_len
+        provider = provider_of(options, plan.gpu)
+        top = overlay(options, provider, max_length)
+        text = json.dumps(top, indent=2)
+        validation = validate(model_dir, text)
+        if not validation["ok"]:
+            raise StageFailed(f"{validation['validated_by']} refused the overlay: {validation['errors'][0]}",
+                              where="serve", fix="adjust the [serve] options")
+        (folder / "genai_config.overlay.json").write_text(text + "\n")
+        (folder / "genai_config.json").write_text(json.dumps(merge(base, top), indent=2) + "\n")
+        serve_args = ["--host", "0.0.0.0", "--port", str(options.port), "--max-model-len", str(max_length),
+                      "--model-name", recipe.name, "--max-queue", str(options.max_queue)]
+        launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port,
+                              1 if provider == "cuda" else 0)
+        written = files.write_all(folder, launch, script=script(serve_args))
+        command = " ".join(["llmopt", "serve", ".", *(shlex.quote(a) for a in serve_args)])
+        return {"engine": "ort", "engine_version": package_version("onnxruntime-genai"), "command": command,
+                "launch": "deploy/ort/launch.sh", "image": options.image, "port": options.port,
+                "files": [f"deploy/ort/{f}" for f in ["genai_config.overlay.json", "genai_config.json", *written]],
+                "provider": provider, "session_options": top["model"]["decoder"]["session_options"],
+                "max_length": max_length, "validated_by": validation["validated_by"]}

@@ -1,0 +1,180 @@
+"""vLLM launch configs: ``vllm serve <model> --config config.yaml`` for the artifact.
+
+The memory model (``llmopt.memory``) picks the parallel sizes, ``max_num_seqs``,
+``max_num_batched_tokens`` and ``gpu_memory_utilization`` for the recipe's target GPU,
+``max_model_len`` and workload; the quantization is read from the checkpoint's config.json.
+The config is checked with vLLM's own parser (``EngineArgs`` and ``create_engine_config``)
+when a Python with vLLM is named (option ``engine_python`` or ``LLMOPT_VLLM_PYTHON``;
+``make vllm-env`` builds one), else against the flag table of vLLM 0.33.0.
+Needs: pyyaml (the ``deploy`` extra); vLLM itself only to validate, in its own environment.
+Produces: ``deploy/vllm/config.yaml`` (long option names as keys), ``launch.sh``,
+``docker-compose.yaml`` and ``kubernetes.yaml`` (image ``vllm/vllm-openai``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llmopt import memory, validate_engine
+from llmopt.backends.base import Options, PlanContext
+from llmopt.deploy import compat, files, flags, inputs
+from llmopt.errors import Problem, StageFailed, UsageError
+from llmopt.registry import register
+
+SPECULATIVE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+
+
+class VllmOptions(Options):
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.1, le=0.99, description="Share of each GPU vLLM may use (default 0.90, the memory model's budget).")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV cache precision; auto: the model's dtype, or fp8 when the checkpoint quantizes its KV.")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, description="GPUs one model copy is split over; default: the smallest size that fits.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across GPUs).")
+    data_parallel_size: int | Literal["auto"] = Field(
+        1, description="Model copies behind one server; auto: as many as the target's GPUs hold.")
+    max_num_seqs: int | None = Field(None, ge=1, description="Sequences per step; default: from the workload and KV.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Tokens per step (prefill chunk); default: from the workload's prompt length.")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts into chunks that share steps with decodes.")
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV of shared prompt prefixes.")
+    enforce_eager: bool = Field(False, description="Run without CUDA graphs (saves their memory, slower decode).")
+    speculative_method: Literal[SPECULATIVE] | None = Field(  # type: ignore[valid-type]
+        None, description="Speculative decoding: ngram, eagle, eagle3, mtp or draft_model (None: off).")
+    speculative_model: str | None = Field(
+        None, description="Draft model (path or hub id) for eagle, eagle3 and draft_model.")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Tokens proposed per speculative step.")
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict, description="Other `vllm serve` options by long name (e.g. {\"block-size\" = 32}); "
+        "checked against the vLLM flag table.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
+    image: str = Field("vllm/vllm-openai", description="Container image of docker-compose.yaml and kubernetes.yaml.")
+    tag: str = Field(f"v{flags.VLLM_VERSION}", description="Image tag.")
+    engine_python: str | None = Field(
+        None, description="Python with vLLM installed to validate the config with vLLM's own parser "
+        "(default: $LLMOPT_VLLM_PYTHON; none: the flag table).")
+
+
+def vllm_quantization(quant: dict | None, gpu) -> str | None:
+    """The ``--quantization`` vLLM would pick for the checkpoint's quantization_config."""
+    if not quant:
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "modelopt":
+        algo = str(quant.get("quant_algo") or "").upper()
+        return {"NVFP4": "modelopt_fp4", "W4A16_NVFP4": "modelopt_fp4", "MXFP8": "modelopt_mxfp8",
+                "MIXED_PRECISION": "modelopt_mixed"}.get(algo, "modelopt")
+    if method in ("awq", "gptq"):
+        return f"{method}_marlin" if gpu is not None and gpu.cc >= (8, 0) else method
+    return method if method in flags.VLLM_QUANTIZATION else None
+
+
+def kv_cache_dtype(options: VllmOptions, quant: dict | None) -> str:
+    if options.kv_cache_dtype != "auto" or not quant:
+        return options.kv_cache_dtype
+    scheme = quant.get("kv_cache_scheme") or {}
+    if (scheme.get("type") == "float" and scheme.get("num_bits") == 8) or quant.get("kv_cache_quant_algo") == "FP8":
+        return "fp8"
+    return "auto"
+
+
+def speculative_config(options: VllmOptions) -> dict | None:
+    method = options.speculative_method
+    if method is None:
+        return None
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": options.num_speculative_tokens}
+    if method == "ngram":
+        spec["prompt_lookup_max"] = 4
+    if options.speculative_model:
+        spec["model"] = options.speculative_model
+    return spec
+
+
+def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quant: dict | None, dtype: str,
+                  kv_dtype: str, gpu) -> dict:
+    """The keys of config.yaml (vLLM's long option names)."""
+    config: dict[str, Any] = {"served-model-name": recipe.name, "dtype": dtype}
+    method = vllm_quantization(quant, gpu)
+    if method:
+        config["quantization"] = method
+    if kv_dtype != "auto":
+        config["kv-cache-dtype"] = kv_dtype
+    config |= {
+        "max-model-len": planned.max_model_len,
+        "max-num-seqs": planned.max_num_seqs,
+        "max-num-batched-tokens": planned.max_num_batched_tokens,
+        "gpu-memory-utilization": planned.gpu_memory_utilization,
+        "tensor-parallel-size": planned.tensor_parallel_size,
+        "pipeline-parallel-size": planned.pipeline_parallel_size,
+        "data-parallel-size": planned.data_parallel_size,
+        "enable-chunked-prefill": options.enable_chunked_prefill,
+        "enable-prefix-caching": options.enable_prefix_caching,
+    }
+    if planned.expert_parallel_size > 1:
+        config["enable-expert-parallel"] = True
+    if options.enforce_eager:
+        config["enforce-eager"] = True
+    if recipe.model.trust_remote_code:
+        config["trust-remote-code"] = True
+    spec = speculative_config(options)
+    if spec:
+        config["speculative-config"] = spec
+    return config | options.extra_args
+
+
+@register("serve", "vllm")
+class VllmServe:
+    Options = VllmOptions
+    requires = ()
+    extra = "deploy"
+
+    @staticmethod
+    def accepts(recipe, produced, gpu, loaded) -> list[Problem]:
+        return compat.engine_problems("vllm", produced, gpu, loaded)
+
+    def check(self, options: VllmOptions, ctx: PlanContext) -> list[Problem]:
+        problems = [Problem(f"unknown vLLM {flags.VLLM_VERSION} option {name!r}", ctx.where("extra_args"),
+                            "use a long option name of `vllm serve --help`, without the leading --")
+                    for name in options.extra_args if name.replace("_", "-") not in flags.VLLM_FLAGS]
+        if options.speculative_method in ("eagle", "eagle3", "draft_model") and not options.speculative_model:
+            problems.append(Problem(f"speculative_method {options.speculative_method!r} needs a draft model",
+                                    ctx.where("speculative_model"), "set speculative_model to its path or hub id"))
+        if not options.enable_chunked_prefill and options.max_num_batched_tokens is not None \
+                and options.max_num_batched_tokens < ctx.recipe.recipe.serve.max_model_len:
+            problems.append(Problem("without chunked prefill, max_num_batched_tokens must hold a whole prompt of "
+                                    "max_model_len tokens", ctx.where("max_num_batched_tokens"),
+                                    "raise it to max_model_len or enable chunked prefill"))
+        kv = options.kv_cache_dtype
+        return problems + inputs.plan_problems(options, ctx, kv, options.enforce_eager)
+
+    def render(self, options: VllmOptions, plan, model_dir: Path, folder: Path) -> dict:
+        recipe = plan.recipe.recipe
+        if plan.gpu is None:
+            raise UsageError("vLLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
+        info, weights, source = inputs.render_facts(plan, model_dir)
+        quant = inputs.checkpoint_quantization(model_dir)
+        dtype = inputs.model_dtype(recipe, info, plan.gpu)
+        kv_dtype = kv_cache_dtype(options, quant)
+        planned = inputs.memory_plan(recipe.serve, recipe.target, info, plan.gpu, options, weights, source,
+                                     memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager)
+        config = engine_config(options, planned, recipe, quant, dtype, kv_dtype, plan.gpu)
+        files.dump_yaml(config, folder / "config.yaml", f"# vLLM {flags.VLLM_VERSION} engine arguments for "
+                        f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; "
+                        f"{inputs.summary(planned)}).")
+        validation = validate_engine.validate_vllm(folder / "config.yaml", model_dir, options.engine_python)
+        if not validation["ok"]:
+            raise StageFailed(f"{validation['validated_by']} refused the vLLM config: "
+                              + "; ".join(validation["errors"]), where=str(folder / "config.yaml"),
+                              fix="adjust the [serve] options (or extra_args) named in the message")
+        launch = files.Launch("vllm", recipe.name, f"{options.image}:{options.tag}", ["vllm", "serve"],
+                              ["{model}", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
+                               "--port", str(options.port)], options.port, planned.gpus)
+        written = ["config.yaml", *files.write_all(folder, launch)]
+        return {"engine": "vllm", "engine_version": flags.VLLM_VERSION, "command": launch.command("."),
+                "image": launch.image, "port": options.port, "files": [f"deploy/vllm/{f}" for f in written],
+                "args": config, "quantization": config.get("quantization"), "memory": planned.to_dict(),
+                "validated_by": validation["validated_by"], "warnings": planned.warnings}

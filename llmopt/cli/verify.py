@@ -1,0 +1,45 @@
+"""llmopt verify: check an artifact's files against the SHA-256 sums in its manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmopt.cli.app import FormatOpt, app, sink
+
+
+@app.command()
+def verify(
+    artifact: Annotated[Path, typer.Argument(help="Artifact folder (the one holding manifest.json).", show_default=False)],
+    format: FormatOpt = "human",
+) -> None:
+    """Recompute every file's SHA-256 and compare with manifest.json: changed, missing and extra files.
+
+    Exits 0 when the artifact is untouched, 1 when any file differs, is missing or is not
+    listed, 2 when the folder has no readable manifest.json.
+
+    Examples:
+
+        llmopt verify artifacts/quickstart
+
+        llmopt verify artifacts/smollm2-vllm-h100 --format json
+    """
+    from llmopt.verify import failure, verify_artifact
+
+    out = sink(format)
+    report = verify_artifact(artifact)
+    if report["ok"] or format != "json":  # in json mode a failure's document is the error's (report included)
+        out.result(report, lambda c: _show(c, report))
+    if not report["ok"]:
+        raise failure(report)
+
+
+def _show(console, report: dict) -> None:
+    if report["ok"]:
+        console.print(f"[green]ok[/]: {report['artifact']}: {report['checked']} files match manifest.json")
+        return
+    for kind, colour in (("changed", "red"), ("missing", "red"), ("extra", "yellow")):
+        for path in report[kind]:
+            console.print(f"[{colour}]{kind}[/]: {path}")

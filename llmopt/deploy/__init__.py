@@ -1,0 +1,9 @@
+"""Deploy stage helpers shared by the serve backends (``llmopt/backends/serve/``).
+
+* ``compat``: what serves what (format x engine x GPU compute capability), for the planner;
+* ``inputs``: model facts, weight bytes and the memory model's plan for an engine;
+* ``files``: docker-compose.yaml, kubernetes.yaml and launch.sh for an engine's launch.
+
+The numbers come from ``llmopt.memory``; the engine-specific flags and their versioned
+flag tables live in each backend's own file.
+"""

@@ -1,0 +1,110 @@
+"""What every serve backend reads: model facts, weight bytes, the checkpoint's quantization,
+and the memory model's plan, at plan time (config facts and estimates) and at render time
+(the artifact's model folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llmopt import estimates, memory, registry
+from llmopt.errors import Problem, UsageError
+from llmopt.modelinfo import ModelInfo, from_folder
+
+GPU_ENGINES_NEED_GPU = "set [target] gpu = \"H100-SXM-80GB\" (or another entry of `llmopt ls gpus`)"
+
+
+def model_dtype(recipe, info: ModelInfo | None, gpu=None) -> str:
+    """Activation dtype to serve in: the recipe's, float16 on GPUs without bfloat16 (CC < 8.0)."""
+    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else ((info.dtype if info else None) or "bfloat16")
+    if dtype == "bfloat16" and gpu is not None and gpu.cc < (8, 0):
+        return "float16"
+    return dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16"
+
+
+def estimated_weight_bytes(loaded, info: ModelInfo) -> int:
+    """The plan's estimate: the source dtype, with the last quantizing step's bits on the linears."""
+    recipe = loaded.recipe
+    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
+    bits = None
+    for index, step in enumerate(recipe.compress):
+        impl = registry.get("compress", step.method)()
+        if hasattr(impl, "bits_per_weight"):
+            bits = impl.bits_per_weight(loaded.options_for("compress", index)) or bits
+    return estimates.weight_bytes(info, dtype, bits)
+
+
+def read_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def checkpoint_quantization(model_dir: Path) -> dict | None:
+    """The checkpoint's quantization as its config.json (or ModelOpt's hf_quant_config.json) states it."""
+    quant = read_config(model_dir).get("quantization_config")
+    if quant:
+        return quant
+    modelopt = Path(model_dir) / "hf_quant_config.json"
+    if modelopt.is_file():
+        data = json.loads(modelopt.read_text()).get("quantization", {})
+        return {"quant_method": "modelopt", "quant_algo": data.get("quant_algo"),
+                "kv_cache_quant_algo": data.get("kv_cache_quant_algo")}
+    return None
+
+
+def render_facts(plan, model_dir: Path) -> tuple[ModelInfo, int, str]:
+    """Model facts and weight bytes of the artifact's model folder (the estimate when it has no safetensors)."""
+    info = from_folder(model_dir) if (Path(model_dir) / "config.json").is_file() else plan.model
+    if info is None:
+        raise UsageError("cannot write launch configs: the model's config facts are unknown",
+                         where=str(model_dir), fix="the model folder needs a config.json")
+    actual = memory.safetensors_bytes(model_dir)
+    if actual is not None:
+        return info, actual, "safetensors"
+    return info, estimated_weight_bytes(plan.recipe, info), "estimate"
+
+
+def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int, weight_source: str,
+                kv_bytes: float, where: str = "", eager: bool = False) -> memory.MemoryPlan:
+    batched = getattr(options, "max_num_batched_tokens", None)
+    if not getattr(options, "enable_chunked_prefill", True):  # a whole prompt must fit one step
+        batched = max(batched or 0, serve.max_model_len)
+    return memory.plan_memory(
+        info, gpu, target.count, serve.max_model_len, serve.workload, weight_bytes=weight_bytes,
+        weight_source=weight_source, kv_bytes=kv_bytes, utilization=getattr(options, "gpu_memory_utilization", None),
+        tensor_parallel_size=options.tensor_parallel_size, pipeline_parallel_size=options.pipeline_parallel_size,
+        data_parallel_size=getattr(options, "data_parallel_size", 1), max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=batched, eager=eager, where=where)
+
+
+def plan_problems(options, ctx, kv_cache_dtype: str, eager: bool = False) -> list[Problem]:
+    """Plan-time checks every GPU engine shares: a target GPU, the context length, the memory model."""
+    recipe = ctx.recipe.recipe
+    if ctx.gpu is None:
+        if recipe.target.gpu:  # an unknown GPU name is already an error of its own
+            return []
+        return [Problem(f"{recipe.serve.backend} launch configs are written for a GPU, but [target] names none",
+                        ctx.recipe.where("target"), GPU_ENGINES_NEED_GPU)]
+    info = ctx.model
+    if info is None:
+        return [Problem("model facts unknown: the memory model runs when the artifact is written",
+                        ctx.where(), severity="warning")]
+    problems = []
+    if info.max_position and recipe.serve.max_model_len > info.max_position:
+        problems.append(Problem(f"max_model_len {recipe.serve.max_model_len} exceeds the model's context of "
+                                f"{info.max_position} tokens", ctx.where("max_model_len"),
+                                f"set serve.max_model_len to {info.max_position} or less"))
+    kv = memory.kv_dtype_bytes(kv_cache_dtype, info, model_dtype(recipe, info, ctx.gpu))
+    try:
+        planned = memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options,
+                              estimated_weight_bytes(ctx.recipe, info), "estimate", kv, ctx.where(), eager)
+    except UsageError as exc:
+        return problems + [Problem(exc.what, exc.where, exc.fix)]
+    problems += [Problem(w, ctx.where("workload"), severity="warning") for w in planned.warnings]
+    return problems
+
+
+def summary(planned: memory.MemoryPlan) -> str:
+    return (f"tp {planned.tensor_parallel_size} x pp {planned.pipeline_parallel_size} x dp "
+            f"{planned.data_parallel_size} on {planned.gpu}: KV cache for {planned.kv_tokens:,} tokens "
+            f"({planned.full_length_sequences:,} sequences of {planned.max_model_len:,})")

@@ -1,0 +1,169 @@
+"""Check a launch config with the serving engine's own parser, or with its flag table.
+
+vLLM: given a Python interpreter that has vLLM installed (an argument, the recipe's
+``serve.engine_python`` or ``$LLMOPT_VLLM_PYTHON``; ``make vllm-env`` builds one in
+``.test-envs/vllm``), a small script runs in that interpreter with ``VLLM_TARGET_DEVICE=cpu``:
+``EngineArgs.add_cli_args(FlexibleArgumentParser())`` parses ``--model <folder> --config
+config.yaml`` and ``EngineArgs.from_cli_args(ns).create_engine_config()`` builds the engine
+config against the real model folder (its config.json, tokenizer and quantization), which
+is where vLLM refuses bad parallel sizes, context lengths and quantization methods. Nothing
+is loaded onto a device. Without such an interpreter the config is checked against the
+versioned flag table (``llmopt.deploy.flags``) plus the same shape rules, and the result
+says which was used (``validated_by``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from llmopt.deploy import flags
+from llmopt.errors import UsageError
+
+ENV_VAR = "LLMOPT_VLLM_PYTHON"
+MARK = "LLMOPT_RESULT "
+
+VLLM_SCRIPT = r"""
+import contextlib, io, json, os, sys
+model, config = sys.argv[1], sys.argv[2]
+out = {"ok": False, "errors": [], "version": None}
+try:
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    out["version"] = vllm.__version__
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(["--model", model, "--config", config])
+    except SystemExit:
+        raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
+    engine = EngineArgs.from_cli_args(ns).create_engine_config()
+    out["engine"] = {
+        "max_model_len": engine.model_config.max_model_len,
+        "dtype": str(engine.model_config.dtype),
+        "quantization": engine.model_config.quantization,
+        "tensor_parallel_size": engine.parallel_config.tensor_parallel_size,
+        "pipeline_parallel_size": engine.parallel_config.pipeline_parallel_size,
+        "max_num_seqs": engine.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": engine.scheduler_config.max_num_batched_tokens,
+        "gpu_memory_utilization": engine.cache_config.gpu_memory_utilization,
+    }
+    out["ok"] = True
+except Exception as exc:
+    out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
+print("LLMOPT_RESULT " + json.dumps(out, default=str))
+"""
+
+
+def engine_python(explicit: str | None = None) -> str | None:
+    """The interpreter to validate with: the argument, else $LLMOPT_VLLM_PYTHON, else None."""
+    return explicit or os.environ.get(ENV_VAR) or None
+
+
+def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None, timeout: int = 900) -> dict:
+    """``{"ok", "validated_by", "errors"}`` for a vLLM config.yaml and the model folder it serves."""
+    exe = engine_python(python)
+    if exe is None:
+        return vllm_table_check(_load_yaml(config_path), model_dir)
+    if not Path(exe).is_file():
+        raise UsageError(f"the vLLM Python {exe!r} does not exist", where=ENV_VAR if not python else "serve.engine_python",
+                         fix="run `make vllm-env` (it builds .test-envs/vllm/bin/python) or unset it")
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    try:
+        done = subprocess.run([exe, "-c", VLLM_SCRIPT, str(Path(model_dir).resolve()), str(Path(config_path).resolve())],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "validated_by": "vllm EngineArgs", "errors": [f"vLLM's parser took over {timeout}s"]}
+    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(MARK)), None)
+    if line is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"ok": False, "validated_by": "vllm EngineArgs", "errors": ["the validation script failed: " + " | ".join(tail)]}
+    result = json.loads(line[len(MARK):])
+    result["validated_by"] = f"vllm {result.pop('version')} EngineArgs"
+    return result
+
+
+def _load_yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def check_flags(config: dict, types: dict, names: frozenset | None = None, prefix: str = "") -> tuple[list, list]:
+    """Errors and warnings of ``config`` against a flag table: unknown names, wrong types or choices.
+    ``names`` is the engine's full option list (None: ``types`` is a curated subset, so unknown keys warn)."""
+    errors, warnings = [], []
+    for key, value in config.items():
+        spec = types.get(key)
+        label = prefix + key
+        if spec is None:
+            if names is not None and key not in names:
+                errors.append(f"unknown option {label!r}")
+            elif names is None:
+                warnings.append(f"{label!r} is not in llmopt's flag table; passed through unchecked")
+            continue
+        problem = _type_problem(value, spec)
+        if isinstance(spec, dict) and isinstance(value, dict):
+            sub_errors, sub_warnings = check_flags(value, spec, None, label + ".")
+            errors += sub_errors
+            warnings += sub_warnings
+        elif problem:
+            errors.append(f"{label}: {problem}")
+    return errors, warnings
+
+
+def _type_problem(value, spec) -> str:
+    if isinstance(spec, tuple):
+        return "" if value in spec else f"{value!r} is not one of {', '.join(map(str, spec))}"
+    if isinstance(spec, dict):
+        return "" if isinstance(value, dict) else f"expected a table, got {value!r}"
+    if spec is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif spec is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, spec)
+    return "" if ok else f"expected {spec.__name__}, got {value!r}"
+
+
+def vllm_table_check(config: dict, model_dir: Path) -> dict:
+    """The flag table of vLLM 0.33.0 plus the shape rules vLLM's create_engine_config applies."""
+    config = {k.replace("_", "-"): v for k, v in config.items()}
+    errors, _ = check_flags(config, flags.VLLM_TYPES, flags.VLLM_FLAGS)
+    model_config = Path(model_dir) / "config.json"
+    if model_config.is_file():
+        from llmopt.modelinfo import from_folder
+
+        errors += shape_errors(from_folder(model_dir), config.get("tensor-parallel-size", 1),
+                               config.get("max-model-len"), config.get("max-num-seqs"),
+                               config.get("max-num-batched-tokens"), config.get("enable-chunked-prefill", True))
+    return {"ok": not errors, "validated_by": f"flag table vllm {flags.VLLM_VERSION}", "errors": errors}
+
+
+def shape_errors(info, tp: int, max_model_len, max_num_seqs, batched, chunked: bool) -> list[str]:
+    errors = []
+    if isinstance(tp, int) and tp > 0:
+        if info.num_heads % tp:
+            errors.append(f"total number of attention heads ({info.num_heads}) must be divisible by tensor "
+                          f"parallel size ({tp})")
+        if info.num_kv_heads % tp and tp % info.num_kv_heads:
+            errors.append(f"KV heads ({info.num_kv_heads}) and tensor parallel size ({tp}) must divide one another")
+    if isinstance(max_model_len, int) and info.max_position and max_model_len > info.max_position:
+        errors.append(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {info.max_position}")
+    if isinstance(batched, int) and isinstance(max_num_seqs, int) and batched < max_num_seqs:
+        errors.append(f"max_num_batched_tokens ({batched}) must be at least max_num_seqs ({max_num_seqs})")
+    if not chunked and isinstance(batched, int) and isinstance(max_model_len, int) and batched < max_model_len:
+        errors.append(f"without chunked prefill max_num_batched_tokens ({batched}) must be at least "
+                      f"max_model_len ({max_model_len})")
+    return errors
+
+
+def validate_table(engine: str, config: dict, types: dict, names: frozenset | None, version: str) -> dict:
+    """Flag-table validation for an engine llmopt cannot run here (TensorRT-LLM, SGLang)."""
+    errors, warnings = check_flags(config, types, names)
+    return {"ok": not errors, "validated_by": f"flag table {engine} {version}", "errors": errors, "warnings": warnings}

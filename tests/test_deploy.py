@@ -1,0 +1,250 @@
+"""Deploy stage: launch configs and deployment files for every engine, the compatibility
+table, plan-time memory checks, and `llmopt verify`."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmopt import api
+from llmopt.backends.base import Options
+from llmopt.cli.main import main
+from llmopt.deploy import compat
+from llmopt.plan import Stage
+
+from conftest import tiny_recipe, write_recipe
+
+SERVE = """
+[target]
+gpu = "H100-SXM-80GB"
+count = 2
+
+[serve]
+backend = "vllm"
+max_model_len = 512
+workload = {{ input_len = 128, output_len = 64, concurrency = 32 }}
+{extra}
+"""
+LLAMA_70B = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+    "tie_word_embeddings": False, "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+}
+DEMO = dict(LLAMA_70B, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+            num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192)
+
+
+def serve_recipe(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    return write_recipe(tmp_path, tiny_recipe(model, windows=2) + SERVE.format(extra=extra))
+
+
+def config_only(tmp_path: Path, config: dict, name: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"not really weights")  # the planner never reads weights
+    return folder
+
+
+def generated(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()]
+
+
+def test_every_engine_writes_parseable_configs_without_secrets(tiny_model, tmp_path, monkeypatch):
+    token = "hf_" + secrets.token_hex(16)
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.delenv("LLMOPT_VLLM_PYTHON", raising=False)
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    recipe = serve_recipe(tmp_path, tiny_model)
+    for engine in ("vllm", "trtllm", "sglang"):
+        out = tmp_path / engine
+        api.run(recipe, overrides=[f"serve.backend={engine!r}"], output_dir=out)
+        deploy = json.loads((out / "manifest.json").read_text())["deploy"]
+        folder = out / "deploy" / engine
+        assert deploy["engine"] == engine and deploy["command"]
+        assert deploy["validated_by"].startswith("flag table")
+        assert deploy["memory"]["tensor_parallel_size"] == 1  # the tiny model fits one H100
+        assert deploy["memory"]["max_num_seqs"] == 32 and deploy["memory"]["max_model_len"] == 512
+        for path in folder.glob("*.yaml"):
+            docs = list(yaml.safe_load_all(path.read_text()))
+            assert docs and all(isinstance(d, dict) for d in docs), path
+        for doc in yaml.safe_load_all((folder / "kubernetes.yaml").read_text()):
+            kubernetes_validate.validate(doc, "1.37.0", strict=True)  # raises on any schema violation
+        deployment = next(yaml.safe_load_all((folder / "kubernetes.yaml").read_text()))
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert {"readinessProbe", "livenessProbe"} <= set(container)
+        assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+        compose = yaml.safe_load((folder / "docker-compose.yaml").read_text())
+        service = next(iter(compose["services"].values()))
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 1
+        assert service["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"
+        assert os.access(folder / "launch.sh", os.X_OK)
+        for path in generated(out):
+            assert token.encode() not in path.read_bytes(), f"{path} holds the HF token"
+    vllm = yaml.safe_load((tmp_path / "vllm" / "deploy" / "vllm" / "config.yaml").read_text())
+    assert vllm["max-model-len"] == 512 and vllm["gpu-memory-utilization"] == 0.9
+    trt = yaml.safe_load((tmp_path / "trtllm" / "deploy" / "trtllm" / "config.yaml").read_text())
+    assert trt["max_seq_len"] == 512 and 0.85 <= trt["kv_cache_config"]["free_gpu_memory_fraction"] < 0.9
+    sglang = json.loads((tmp_path / "sglang" / "manifest.json").read_text())["deploy"]["args"]
+    assert sglang["context-length"] == 512 and 0.85 <= sglang["mem-fraction-static"] < 0.9
+    assert "--mem-fraction-static" in (tmp_path / "sglang" / "deploy" / "sglang" / "launch.sh").read_text()
+
+
+def test_verify_passes_untouched_and_fails_on_changes(tiny_model, tmp_path, capsys):
+    out = tmp_path / "art"
+    api.run(serve_recipe(tmp_path, tiny_model), output_dir=out)
+    assert main(["verify", str(out)]) == 0
+    assert "files match manifest.json" in capsys.readouterr().out
+    code = main(["verify", str(out), "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["ok"] and report["checked"] >= 8
+    config = out / "deploy" / "vllm" / "config.yaml"
+    config.write_text(config.read_text().replace("max-num-seqs: 32", "max-num-seqs: 64"))
+    (out / "reports" / "report.md").unlink()
+    (out / "notes.txt").write_text("added later")
+    code = main(["verify", str(out), "--format", "json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and not report["ok"]
+    assert report["changed"] == ["deploy/vllm/config.yaml"]
+    assert report["missing"] == ["reports/report.md"] and report["extra"] == ["notes.txt"]
+    assert main(["verify", str(out)]) == 1
+    assert "does not match its manifest: 1 changed, 1 missing, 1 extra" in capsys.readouterr().err
+    assert main(["verify", str(tmp_path)]) == 2  # no manifest.json: not an artifact
+
+
+def test_plan_refuses_what_does_not_fit(tmp_path):
+    folder = config_only(tmp_path, LLAMA_70B, "llama-70b")
+    recipe = write_recipe(tmp_path, f'schema_version = 1\nname = "big"\n[model]\nsource = "{folder}"\n'
+                                    '[target]\ngpu = "L40S"\ncount = 2\n[serve]\nbackend = "vllm"\nmax_model_len = 8192\n')
+    errors = api.plan(recipe).errors
+    assert len(errors) == 1 and "does not fit on 2 x L40S" in errors[0].message
+    assert "weights take 65.7 GiB per GPU" in errors[0].message  # 131.4 GiB over tp 2; L40S budget 40 GiB
+    assert "set [target] count = 4 (tensor parallel 4)" in errors[0].hint
+    assert not api.plan(recipe, ["target.count=4"]).errors
+
+
+def test_plan_checks_tensor_parallel_size_and_context(tmp_path):
+    folder = config_only(tmp_path, DEMO, "demo")
+    recipe = write_recipe(tmp_path, f'schema_version = 1\nname = "demo"\n[model]\nsource = "{folder}"\n'
+                                    '[target]\ngpu = "H100"\ncount = 4\n[serve]\nbackend = "vllm"\n'
+                                    'tensor_parallel_size = 2\nmax_model_len = 16384\n')
+    messages = [p.message for p in api.plan(recipe).errors]
+    assert any("exceeds the model's context of 8192" in m for m in messages)
+    assert any("tensor_parallel_size 2 does not split 9 attention heads / 3 KV heads" in m for m in messages)
+    assert not api.plan(recipe, ["serve.tensor_parallel_size=3", "serve.max_model_len=8192"]).errors
+
+
+def test_engines_need_a_gpu_and_known_options(tiny_model, tmp_path):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[serve]\nbackend = "sglang"\n'
+                                    'extra_args = { "mem-fraction-statik" = 0.5 }\n')
+    messages = " ".join(p.message for p in api.plan(recipe).errors)
+    assert "written for a GPU, but [target] names none" in messages
+    assert "unknown option 'mem-fraction-statik'" in messages
+
+
+def stage(backend: str, kind: str = "compress", **options) -> Stage:
+    opts = type("Opts", (Options,), {"__annotations__": {k: type(v) for k, v in options.items()}, **options})()
+    return Stage(f"{kind}.0.{backend}", kind, backend, (kind, 0) if kind == "compress" else (kind,), opts)
+
+
+@pytest.mark.parametrize("engine, backend, gpu, severity, text", [
+    ("vllm", "fp8", "T4", "warning", "run it weight-only"),
+    ("vllm", "fp8", "L4", None, ""),
+    ("vllm", "gptq", "T4", "warning", "Marlin int4 kernels need CC 8.0"),
+    ("vllm", "nvfp4", "H100", "warning", "native on Blackwell"),
+    ("vllm", "nvfp4", "B200", None, ""),
+    ("vllm", "modelopt_int4_awq", "H100", "error", "not INT4 AWQ"),
+    ("vllm", "onnx", "H100", "error", "does not serve ONNX"),
+    ("trtllm", "modelopt_fp8", "A100-80GB", "error", "Ada, Hopper or Blackwell"),
+    ("trtllm", "modelopt_fp8", "L40S", None, ""),
+    ("trtllm", "modelopt_nvfp4", "H100", "error", "Blackwell"),
+    ("trtllm", "int8_sq", "H100", "error", "legacy engine path"),
+    ("trtllm", "gptq", "H100", "warning", "not compressed-tensors"),
+    ("sglang", "modelopt_fp8", "L40S", "error", "needs Hopper"),
+    ("sglang", "fp8", "H100", None, ""),
+    ("ort", "modelopt_nvfp4", None, "error", "does not read ModelOpt NVFP4"),
+    ("ort", "fp8", None, "error", "CUDA execution provider"),
+])
+def test_what_serves_what(tiny_model, tmp_path, engine, backend, gpu, severity, text):
+    from llmopt.catalog.gpus import get_gpu
+
+    loaded = api.validate(write_recipe(tmp_path, tiny_recipe(tiny_model)))
+    produced = [stage(backend, "export" if backend == "onnx" else "compress")]
+    if engine == "ort":
+        produced.append(stage("onnx", "export"))
+    problems = compat.engine_problems(engine, produced, get_gpu(gpu) if gpu else None, loaded)
+    if severity is None:
+        assert problems == []
+    else:
+        assert [p.severity for p in problems] == [severity] and text in problems[0].message
+
+
+def test_vllm_refuses_2of4_sparsity_and_ort_needs_onnx(tiny_model, tmp_path):
+    loaded = api.validate(write_recipe(tmp_path, tiny_recipe(tiny_model)))
+    sparse = stage("prune_width", pattern="2:4")
+    assert "removed from vLLM" in compat.engine_problems("vllm", [sparse], None, loaded)[0].message
+    problems = compat.engine_problems("ort", [], None, loaded)
+    assert "serves ONNX models" in problems[0].message and problems[0].hint == 'set [export] format = "onnx"'
+
+
+def test_plan_warns_for_fp8_on_turing(tiny_model, tmp_path):
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[[compress]]\nmethod = "fp8"\n[target]\ngpu = "T4"\n'
+                                    '[serve]\nbackend = "vllm"\nmax_model_len = 512\n')
+    warnings = [p.message for p in api.plan(recipe).problems if p.severity == "warning"]
+    assert any("fp8 output served by vllm on T4 (CC 7.5)" in w for w in warnings)
+
+
+@pytest.mark.slow
+def test_every_shipped_serve_recipe_gets_deploy_configs(tmp_path, monkeypatch):
+    monkeypatch.delenv("LLMOPT_VLLM_PYTHON", raising=False)
+    shipped = [r for r in api.shipped_recipes() if "[serve]" in Path(r["path"]).read_text()]
+    assert len(shipped) >= 2
+    for item in shipped:
+        out = tmp_path / item["name"]
+        result = api.run(item["path"], output_dir=out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        engine = result.plan.recipe.recipe.serve.backend
+        assert manifest["deploy"]["engine"] == engine and manifest["deploy"]["command"] in (out / "README.md").read_text()
+        assert (out / "deploy" / engine / "launch.sh").is_file()
+        assert main(["verify", str(out)]) == 0
+
+
+@pytest.mark.slow
+def test_ort_overlay_is_accepted_by_onnxruntime_genai(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    og = pytest.importorskip("onnxruntime_genai")
+    from llmopt import registry
+
+    onnx = tmp_path / "onnx"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(tiny_model), "-i",
+                    str(tiny_model), "-o", str(onnx), "-p", "fp32", "-e", "cpu", "-c", str(tmp_path / "hf")],
+                   check=True, capture_output=True, timeout=600)
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[target]\ngpu = "L4"\n'
+                                    '[serve]\nbackend = "ort"\nmax_model_len = 256\nintra_op_num_threads = 2\n')
+    for overrides, provider in (([], "cuda"), (['serve.provider="cpu"'], "cpu")):
+        plan = api.plan(recipe, overrides)  # its own check says ort needs [export] format = "onnx"
+        folder = tmp_path / f"deploy-{provider}"
+        folder.mkdir()
+        deploy = registry.get("serve", "ort")().render(plan.recipe.options_for("serve"), plan, onnx, folder)
+        assert deploy["provider"] == provider and deploy["validated_by"].startswith("onnxruntime-genai 0.18")
+        merged = json.loads((folder / "genai_config.json").read_text())
+        session = merged["model"]["decoder"]["session_options"]
+        assert session["provider_options"] == ([{"cuda": {}}] if provider == "cuda" else [])
+        assert session["intra_op_num_threads"] == 2 and merged["search"]["max_length"] == 256
+        assert merged["model"]["decoder"]["num_hidden_layers"] == 2  # the rest of the model's config is kept
+    run = tmp_path / "run"  # what launch.sh builds: links to model/ plus the adapted genai_config.json
+    run.mkdir()
+    for f in onnx.iterdir():
+        (run / f.name).symlink_to(f)
+    (run / "genai_config.json").unlink()
+    (run / "genai_config.json").write_text((tmp_path / "deploy-cpu" / "genai_config.json").read_text())
+    model = og.Model(str(run))  # loads on the CPU provider
+    assert og.Tokenizer(model).encode("the river")

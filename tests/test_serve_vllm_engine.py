@@ -1,0 +1,88 @@
+"""vLLM's own parser (EngineArgs + create_engine_config, on CPU) accepts the configs llmopt writes
+for the tiny model and the demo model, and refuses a wrong one.
+
+Slow: the set-up builds .test-envs/vllm with `make vllm-env` when it is missing (the vLLM 0.33.0
+wheel without its CUDA dependencies, plus the small packages its config code imports); the
+tests are skipped only when that environment cannot be built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmopt import api, validate_engine
+
+from conftest import ROOT, tiny_recipe, write_recipe
+
+pytestmark = pytest.mark.slow
+VLLM_PY = ROOT / ".test-envs" / "vllm" / "bin" / "python"
+VALIDATED = "vllm 0.33.0 EngineArgs"
+
+
+def _works(python: Path) -> bool:
+    if not python.is_file():
+        return False
+    done = subprocess.run([str(python), "-c", "import vllm.engine.arg_utils"], capture_output=True, timeout=600,
+                          env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"))
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    explicit = os.environ.get(validate_engine.ENV_VAR)
+    if explicit and _works(Path(explicit)):
+        return explicit
+    if not _works(VLLM_PY):
+        done = subprocess.run(["make", "vllm-env"], cwd=ROOT, capture_output=True, text=True, timeout=3000)
+        if done.returncode != 0 or not _works(VLLM_PY):
+            pytest.skip(f"the vLLM environment could not be built: {(done.stderr or done.stdout)[-500:]}")
+    return str(VLLM_PY)
+
+
+@pytest.fixture(scope="module")
+def demo_artifact(tmp_path_factory, vllm_python) -> Path:
+    """The demo model converted from its GGUF file, with a vLLM config validated by vLLM itself."""
+    folder = tmp_path_factory.mktemp("demo")
+    recipe = write_recipe(folder, 'schema_version = 1\nname = "demo-vllm"\n[model]\nsource = "builtin:smollm2-135m"\n'
+                                  '[target]\ngpu = "H100"\ncount = 4\n[serve]\nbackend = "vllm"\nmax_model_len = 8192\n'
+                                  f'engine_python = "{vllm_python}"\n')
+    api.run(recipe, cache_dir=folder / "cache", output_dir=folder / "art")
+    return folder / "art"
+
+
+def test_tiny_model_config_passes_vllms_parser(tiny_model, tmp_path, vllm_python, monkeypatch):
+    monkeypatch.setenv(validate_engine.ENV_VAR, vllm_python)
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, windows=1) + '[target]\ngpu = "H100"\n'
+                          '[serve]\nbackend = "vllm"\nmax_model_len = 512\nkv_cache_dtype = "fp8"\n')
+    api.run(recipe, output_dir=tmp_path / "art")
+    deploy = json.loads((tmp_path / "art" / "manifest.json").read_text())["deploy"]
+    assert deploy["validated_by"] == VALIDATED
+    assert deploy["args"]["kv-cache-dtype"] == "fp8" and deploy["memory"]["kv_dtype_bytes"] == 1
+
+
+def test_demo_model_config_passes_vllms_parser(demo_artifact, vllm_python):
+    deploy = json.loads((demo_artifact / "manifest.json").read_text())["deploy"]
+    assert deploy["validated_by"] == VALIDATED
+    assert deploy["args"]["tensor-parallel-size"] == 1  # 135M parameters fit one H100
+    assert deploy["memory"]["weight_source"] == "safetensors"
+    again = validate_engine.validate_vllm(demo_artifact / "deploy" / "vllm" / "config.yaml", demo_artifact / "model",
+                                          vllm_python)
+    assert again["ok"] and again["validated_by"] == VALIDATED
+    assert again["engine"]["max_model_len"] == 8192 and again["engine"]["tensor_parallel_size"] == 1
+
+
+def test_vllm_refuses_tensor_parallel_2_for_nine_heads(demo_artifact, vllm_python, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text((demo_artifact / "deploy" / "vllm" / "config.yaml").read_text()
+                      .replace("tensor-parallel-size: 1", "tensor-parallel-size: 2"))
+    result = validate_engine.validate_vllm(config, demo_artifact / "model", vllm_python)
+    assert not result["ok"] and result["validated_by"] == VALIDATED
+    assert "divisible by tensor parallel size (2)" in result["errors"][0]
+    table = validate_engine.vllm_table_check({"tensor-parallel-size": 2}, demo_artifact / "model")
+    assert table["validated_by"] == "flag table vllm 0.33.0" and not table["ok"]
+    assert "must be divisible by tensor parallel size (2)" in table["errors"][0]
