@@ -107,10 +107,18 @@ def build_manifest(plan: Plan, manifests: dict, gates: list[dict], deploy: dict)
         "gates": gates,
         "estimates": plan.estimates,
         "target": plan.gpu.to_dict() if plan.gpu else {"device": "cpu"},
+        "hardware": {"gpu": plan.gpu.name if plan.gpu else None, "count": recipe.recipe.target.count,
+                     "serving_gpus": (deploy.get("memory") or {}).get("gpus"), "built_on": _machine()},
         "deploy": deploy,
         "versions": versions(("torch", "transformers", "llmcompressor", "compressed-tensors", "nvidia-modelopt",
                               "onnxruntime", "onnxruntime-genai", "lm-eval")),
     }
+
+
+def _machine() -> dict:
+    import platform
+
+    return {"platform": platform.platform(), "python": platform.python_version()}
 
 
 def checksums(root: Path) -> dict[str, str]:
