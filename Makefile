@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 EXTRAS := torch,compress,modelopt,ort,eval,serve,deploy,dev
 STAMP := $(VENV)/.llmopt-installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast install clean vllm-env
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,34 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# vLLM 0.33.0 in its own environment, only to check launch configs with vLLM's own parser
+# (EngineArgs + create_engine_config with VLLM_TARGET_DEVICE=cpu; see llmopt/validate_engine.py).
+# vLLM pins torch 2.14.0 and a CUDA stack, so its wheel goes in without dependencies, next to the
+# CPU torch and the packages its argument parsing and config code import. The list was found by
+# trying (importing, installing what was missing, again) and is pinned to the versions that worked.
+VLLM_ENV := .test-envs/vllm
+VLLM_STAMP := $(VLLM_ENV)/.llmopt-installed
+VLLM_DEPS := vllm==0.33.0 compressed-tensors==0.17.0 transformers==5.20.0 tokenizers==0.23.3 \
+	huggingface-hub==2.4.0 safetensors==0.8.0 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 \
+	sniffio==1.3.1 idna==3.20 certifi==2026.10.19.post1 truststore==0.10.5 requests==2.34.2 urllib3==2.8.0 \
+	pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 numpy==2.4.6 \
+	packaging==26.4 regex==2026.11.19 pyyaml==6.0.4 tqdm==4.70.1 typer==0.29.2 click==8.5.1 psutil==7.2.2 \
+	cbor2==6.3.0 pyzmq==27.3.0 msgspec==0.23.0 cloudpickle==3.1.3 pillow==13.0.0 pybase64==1.5.1 \
+	cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0 prometheus-client==0.26.0 openai==3.57.0 \
+	oss-harmony==0.0.11 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 \
+	frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 fastapi==0.136.3 starlette==1.10.0 \
+	annotated-doc==0.0.7 partial-json-parser==0.2.1.1.post7 llguidance==1.7.3 xgrammar==0.2.8 \
+	apache-tvm-ffi==0.1.11 loguru==0.7.3
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_ENV)/bin/python || $(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pip --disable-pip-version-check install -q $(TORCH)
+	$(VLLM_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps $(VLLM_DEPS)
+	VLLM_TARGET_DEVICE=cpu $(VLLM_ENV)/bin/python -c "import vllm.engine.arg_utils, compressed_tensors"
+	touch $@
+
+vllm-env: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -89,7 +89,9 @@ def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None,
 
 
 def _load_yaml(path: Path) -> dict:
-    import yaml
+    from llmopt.backends.base import require
+
+    yaml = require("yaml", "deploy", "checking launch configs", package="pyyaml")
 
     return yaml.safe_load(Path(path).read_text()) or {}
 

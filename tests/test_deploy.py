@@ -247,4 +247,4 @@ def test_ort_overlay_is_accepted_by_onnxruntime_genai(tiny_model, tmp_path):
     (run / "genai_config.json").unlink()
     (run / "genai_config.json").write_text((tmp_path / "deploy-cpu" / "genai_config.json").read_text())
     model = og.Model(str(run))  # loads on the CPU provider
-    assert og.Tokenizer(model).encode("the river")
+    assert len(og.Tokenizer(model).encode("the river")) > 0

@@ -216,4 +216,73 @@ VLLM_TYPES: dict[str, Any] = {
     "enable-expert-parallel": bool, "enable-chunked-prefill": bool, "enable-prefix-caching": bool,
     "enforce-eager": bool, "trust-remote-code": bool, "speculative-config": dict, "block-size": int, "seed": int,
 }
-VLLM_FLAGS = frozenset(VLLM_TYPES)  # PROVISIONAL
+# every long option of EngineArgs.add_cli_args in vLLM 0.33.0 (without the leading --)
+VLLM_FLAGS = frozenset("""
+additional-config aggregate-engine-logging all2all-backend allow-deprecated-quantization
+allowed-local-media-path allowed-media-domains async-scheduling attention-backend attention-config
+aux-output-config block-size code-revision collect-detailed-traces compilation-config config-format convert
+cp-kv-cache-interleave-size cpu-distributed-timeout-seconds cpu-offload-gb cpu-offload-params
+cudagraph-capture-sizes cudagraph-metrics custom-histogram-buckets data-parallel-address data-parallel-backend
+data-parallel-external-lb data-parallel-hybrid-lb data-parallel-multi-port-external-lb data-parallel-rank
+data-parallel-rpc-port data-parallel-size data-parallel-size-local data-parallel-start-rank
+dbo-decode-token-threshold dbo-prefill-token-threshold dcp-comm-backend dcp-kv-cache-interleave-size
+dcp-q-replicate decode-context-parallel-size default-mm-loras device-ids device-memory-utilization
+diffusion-config disable-batch-sharded-sampling disable-cascade-attn disable-chunked-mm-input
+disable-chunked-prefill disable-cumem-allocator disable-custom-all-reduce disable-dbo disable-elastic-ep
+disable-ep-weight-filter disable-eplb disable-expert-parallel disable-fault-tolerance
+disable-flashinfer-autotune disable-hc-sp disable-hybrid-kv-cache-manager disable-layerwise-nvtx-tracing
+disable-log-stats disable-logging-iteration-details disable-lora disable-mamba-cache-stochastic-rounding
+disable-mamba-shared-prefix-checkpoint disable-mfu-metrics disable-mixed-moe-lora-format disable-mm-embeds
+disable-moe-shared-loras disable-nccl-comm-suspend disable-nccl-for-dp-synchronization disable-prefix-caching
+disable-prompt-embeds disable-return-routed-experts disable-shm-tensor-arena disable-sleep-mode
+disable-sliding-window disable-tower-connector-lora disable-trace-replay distributed-executor-backend
+distributed-timeout-seconds download-dir dp-sync-interval dtype ec-manager-config ec-transfer-config
+elastic-ep-max-dp-size enable-batch-sharded-sampling enable-cascade-attn enable-chunked-mm-input
+enable-chunked-prefill enable-cumem-allocator enable-custom-all-reduce enable-dbo enable-elastic-ep
+enable-ep-weight-filter enable-eplb enable-expert-parallel enable-fault-tolerance enable-flashinfer-autotune
+enable-hc-sp enable-hybrid-kv-cache-manager enable-layerwise-nvtx-tracing enable-logging-iteration-details
+enable-lora enable-mamba-cache-stochastic-rounding enable-mamba-shared-prefix-checkpoint enable-mfu-metrics
+enable-mixed-moe-lora-format enable-mm-embeds enable-moe-shared-loras enable-nccl-comm-suspend
+enable-nccl-for-dp-synchronization enable-prefix-caching enable-prompt-embeds enable-return-routed-experts
+enable-shm-tensor-arena enable-sleep-mode enable-sliding-window enable-tower-connector-lora
+enable-trace-replay enforce-eager engram-config eplb-config expert-placement-strategy
+fail-on-environ-validation fault-tolerance-config fully-sharded-loras gdn-prefill-backend generation-config
+gpu-memory-utilization help hf-config-path hf-overrides hf-token ignore-patterns interleave-mm-strings
+io-processor-plugin ir-op-priority jit-monitor-mode jit-monitor-verbose kda-decode-backend kda-prefill-backend
+kernel-config kv-cache-dtype kv-cache-dtype-skip-layers kv-cache-memory-bytes kv-cache-metrics
+kv-cache-metrics-sample kv-events-config kv-offloading-backend kv-offloading-size kv-sharing-fast-prefill
+kv-transfer-config language-model-only limit-mm-per-prompt linear-backend load-format log-config-file
+log-level logging-config logits-processors logprobs-mode long-prefill-token-threshold
+long-prefill-token-threshold-adaptive lora-dtype lora-target-modules mamba-backend mamba-block-size
+mamba-cache-dtype mamba-cache-mode mamba-cache-philox-rounds mamba-ssm-cache-dtype mamba-ssu-algorithm
+master-addr master-port max-cpu-loras max-cudagraph-capture-size max-logprobs max-lora-cls-labels
+max-lora-rank max-loras max-model-len max-num-active-seqs max-num-batched-tokens max-num-queued-reqs
+max-num-queued-tokens max-num-scheduled-tokens max-num-seqs max-parallel-loading-workers media-io-kwargs
+mm-device-do-normalize mm-encoder-attn-backend mm-encoder-attn-dtype mm-encoder-fp8-scale-path
+mm-encoder-fp8-scale-save-margin mm-encoder-fp8-scale-save-path mm-encoder-only mm-encoder-tp-mode
+mm-hasher-algorithm mm-ipc-gpu-memory-gb mm-processor-cache-gb mm-processor-cache-type mm-processor-device
+mm-processor-kwargs mm-shm-cache-max-object-size-mb mm-tensor-ipc model model-class-overrides model-impl
+model-loader-extra-config moe-backend monokernel nnodes no-allow-deprecated-quantization no-async-scheduling
+no-cudagraph-metrics no-data-parallel-external-lb no-data-parallel-hybrid-lb no-dcp-q-replicate
+no-enforce-eager no-fail-on-environ-validation no-fully-sharded-loras no-interleave-mm-strings
+no-jit-monitor-verbose no-kv-cache-metrics no-kv-sharing-fast-prefill no-language-model-only
+no-long-prefill-token-threshold-adaptive no-mm-device-do-normalize no-mm-encoder-only no-monokernel
+no-numa-bind no-ray-workers-use-nsight no-return-sampling-mask no-scheduler-reserve-full-isl
+no-skip-mm-profiling no-skip-tokenizer-init no-sleep-mode-offload-cudagraph no-specialize-active-lora
+no-swa-bounded-replay no-trust-remote-code no-use-fp64-gumbel no-use-replayssm no-use-tqdm-on-load node-rank
+num-gpu-blocks-override numa-bind numa-bind-cpus numa-bind-nodes offload-backend offload-group-size
+offload-num-in-group offload-params offload-prefetch-step optimization-level otlp-traces-endpoint
+override-generation-config per-request-spec-decode-metrics performance-mode pipeline-parallel-size
+pooler-config prefill-context-parallel-size prefill-schedule-interval prefix-cache-retention-interval
+prefix-caching-hash-algo prefix-match-unit profiler-config pt-load-map-location quantization
+quantization-config ray-workers-use-nsight reasoning-config reasoning-parser reasoning-parser-plugin
+renderer-num-workers replayssm-buffer-len return-sampling-mask revision runner safetensors-load-strategy
+safetensors-prefetch-block-size safetensors-prefetch-num-threads scheduler-cls scheduler-reserve-full-isl
+scheduling-policy seed served-model-name show-hidden-metrics-for-version shutdown-timeout skip-mm-profiling
+skip-tokenizer-init sleep-mode-backend sleep-mode-offload-cudagraph sleep-preserve-parameter-names
+sparse-indexer-topk-backend spec-method spec-model spec-tokens specialize-active-lora speculative-config
+stream-interval structured-outputs-config swa-bounded-replay tensor-parallel-size tokenizer tokenizer-mode
+tokenizer-revision trust-remote-code ubatch-size use-fp64-gumbel use-replayssm use-tqdm-on-load
+video-pruning-method video-pruning-rate watchdog-config watermark watermark-config weight-transfer-config
+worker-cls worker-extension-cls
+""".split())

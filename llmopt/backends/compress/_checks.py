@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 from llmopt import calibration, estimates
@@ -56,9 +57,24 @@ def largest_group(widths: list[int], limit: int = 128) -> int | None:
     return None
 
 
+MODULE_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+             "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
 def ignored(layer: str, ignore: list[str]) -> bool:
-    """Whether a layer kind (q_proj, down_proj...) is matched by an ignore entry (a name or re: pattern)."""
-    return any(layer in pattern for pattern in ignore)
+    """Whether an ignore list (module names or ``re:`` patterns, as llm-compressor reads them) leaves a
+    decoder layer kind (q_proj, down_proj...) unquantized; judged on layer 0's module name."""
+    name = f"model.layers.0.{MODULE_OF.get(layer, 'mlp')}.{layer}"
+    for entry in ignore:
+        if entry.startswith("re:"):
+            try:
+                if re.match(entry[3:], name):
+                    return True
+            except re.error:
+                continue
+        elif entry in (name, layer) or name.endswith("." + entry):
+            return True
+    return False
 
 
 def group_size(ctx, size: int | None, ignore: list[str], key: str = "group_size", fixed: bool = False) -> list[Problem]:
