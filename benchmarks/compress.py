@@ -44,7 +44,7 @@ SHAPES = {
 METHODS = {
     "fp8": ("fp8", {}),
     "rtn": ("rtn", {"bits": 4, "group_size": 64}),
-    "gptq": ("gptq", {"scheme": "W4A16", "group_size": 64, "pipeline": "basic"}),
+    "gptq": ("gptq", {"scheme": "W4A16", "group_size": 64}),
 }
 GPU_OPTIONS = {"rtn": {"bits": 4, "group_size": 128}, "gptq": {"scheme": "W4A16", "group_size": 128}}
 
@@ -90,6 +90,7 @@ def child_direct(recipe: Path, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llmopt import calibration, registry
+    from llmopt.backends.compress._llmcompressor import resolve_pipeline
     from llmopt.recipe import load_recipe
 
     loaded = load_recipe(recipe)
@@ -105,8 +106,9 @@ def child_direct(recipe: Path, out: Path) -> dict:
         rows = calibration.token_rows(loaded.recipe.calibration, tokenizer)
         kwargs = dict(dataset=calibration.as_dataset(rows), num_calibration_samples=len(rows.rows),
                       max_seq_length=rows.seq_len, shuffle_calibration_samples=False)
-    pipeline = getattr(options, "pipeline", "auto")
-    if pipeline != "auto":
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pipeline = resolve_pipeline(getattr(options, "pipeline", "auto"), backend.calibrates, device)
+    if pipeline is not None:  # the same pipeline llmopt picks
         kwargs["pipeline"] = pipeline
     recipe_modifiers = sys.modules[backend.__module__].build(options)
     oneshot(model=model, processor=tokenizer, recipe=recipe_modifiers, output_dir=str(out), **kwargs)

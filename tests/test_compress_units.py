@@ -279,5 +279,17 @@ def test_modelopt_runtime_dequantizes_like_modelopt():
     scale = torch.rand(32, 2) * 0.1 + 0.01  # INT4 AWQ: one scale per block of 64
     ints = torch.randint(-8, 8, (32, 128)).float()
     packed = pack_int4_in_uint8(ints * scale.repeat_interleave(64, dim=1), scale, 64)
-    ours = dequantize(packed, {"m.weight_scale": scale}, "m", {"quant_algo": "INT4_AWQ"})
+    ours = dequantize(packed, {"m.weight_scale": scale}, "m", {"quant_algo": "W4A16_AWQ"})
     assert torch.allclose(ours, ints * scale.repeat_interleave(64, dim=1))
+
+
+def test_sparsegpt_warns_and_writes_a_2_4_pattern(tiny_model, tmp_path):
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "sparsegpt"\n[[compress]]\nmethod = "fp8"\n')
+    assert not plan.errors
+    assert any(m.startswith("2:4 sparsity brings no speed or size gain") for m in messages(plan, "warning"))
+    run_tiny(tmp_path, tiny_model, '[[compress]]\nmethod = "sparsegpt"\n')
+    model = reload(tmp_path / "out" / "model")
+    weight = model.model.layers[0].mlp.up_proj.weight.detach()
+    zeros_per_group = (weight.reshape(-1, 4) == 0).sum(dim=1)
+    assert (zeros_per_group >= 2).all()
+    assert (model.lm_head.weight == 0).float().mean() < 0.05  # ignored: dense (only the tied padding row is zero)

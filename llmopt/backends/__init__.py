@@ -16,6 +16,7 @@ BUILTIN = [
     "llmopt.backends.compress.nvfp4a16",
     "llmopt.backends.compress.prune_depth",
     "llmopt.backends.compress.prune_width",
+    "llmopt.backends.compress.sparsegpt",
     "llmopt.backends.compress.modelopt_fp8",
     "llmopt.backends.compress.modelopt_int4_awq",
     "llmopt.backends.compress.modelopt_int8_sq",

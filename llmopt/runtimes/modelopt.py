@@ -3,7 +3,7 @@
 Plain transformers does not understand ``quant_method = "modelopt"``: it would load
 the FP8 / INT8 / packed INT4 bytes as if they were bf16 weights. This runtime reads
 the exported files themselves: each quantized linear weight is dequantized with
-its exported scales (FP8 x weight_scale; INT8 x per-channel scale; INT4 AWQ
+its exported scales (FP8 x weight_scale; INT8 x per-channel scale; W4A16 AWQ
 unpacked two per byte x per-block scale; NVFP4 E2M1 x FP8 block scale x global
 scale) into a plain checkpoint in a temporary folder, which the transformers
 runtime opens; then every linear layer's input goes through the exported AWQ /
@@ -30,7 +30,7 @@ SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_sc
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between the E2M1 magnitudes
 FP4_BLOCK = 16
-EMULATED = ("FP8", "INT4_AWQ", "W8A8_SQ_PER_CHANNEL", "INT8_SQ", "NVFP4", "W4A16_NVFP4")
+EMULATED = ("FP8", "W4A16_AWQ", "W8A8_SQ_PER_CHANNEL", "NVFP4", "W4A16_NVFP4")  # hf_quant_config quant_algo
 
 
 class ModelOptRuntime:
@@ -97,7 +97,7 @@ def dequantize(weight, tensors: dict, module: str, quant: dict):
         return weight.float() * (scale if scale.dim() == 0 else scale.reshape(-1, 1))
     if weight.dtype == torch.int8:
         return weight.float() * scale.reshape(-1, 1)
-    if weight.dtype == torch.uint8 and algo == "INT4_AWQ":
+    if weight.dtype == torch.uint8 and algo == "W4A16_AWQ":
         low = (weight & 0x0F).to(torch.int8)
         high = (weight >> 4).to(torch.int8)
         values = torch.stack([low, high], dim=1).reshape(-1, weight.shape[-1])  # rows 2j, 2j+1
@@ -153,7 +153,7 @@ def input_hook(scales: dict, algo: str | None):
             s = scale.to(x.device, torch.float32)
             if algo == "NVFP4":
                 q = nvfp4_fake_quant(x.float(), s)
-            elif algo in ("W8A8_SQ_PER_CHANNEL", "INT8_SQ"):
+            elif algo == "W8A8_SQ_PER_CHANNEL":
                 q = (x.float() / s).round().clamp(-128, 127) * s
             else:
                 q = (x.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import time
 from pathlib import Path
 from typing import Callable, Literal
@@ -22,6 +21,7 @@ from pydantic import Field
 
 from llmopt import calibration
 from llmopt.backends.base import require
+from llmopt.backends.compress._common import copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
 
 REQUIRES = ("llmcompressor", "compressed-tensors", "torch", "transformers")
@@ -29,10 +29,10 @@ EXTRA = "compress"
 
 Pipeline = Literal["auto", "basic", "sequential", "datafree"]
 PIPELINE_HELP = (
-    "Calibration pipeline: auto (llm-compressor's choice per method: sequential, layer by layer, for methods "
-    "that calibrate; datafree otherwise), basic (one forward pass of the whole model, fastest for small "
-    "models that fit in memory, no error propagation between layers), sequential (one decoder layer at a "
-    "time on the device: models larger than GPU memory; quantization error propagates to later layers)."
+    "Calibration pipeline: auto (basic on a CPU, where the whole model is in memory anyway; sequential on a "
+    "GPU), basic (one forward pass of the whole model: about half the CPU time of sequential on the demo "
+    "model; no error propagation between layers), sequential (one decoder layer at a time on the device, "
+    "the rest in host memory: models larger than GPU memory; quantization error propagates to later layers)."
 )
 IGNORE_HELP = "Layers left unquantized: module names or `re:` patterns (the default keeps lm_head in full precision)."
 KV_HELP = "Quantize the KV cache: fp8 writes static per-tensor FP8 scales for K and V (kv_cache_scheme), none leaves it."
@@ -82,26 +82,6 @@ def no_pinned_memory():
         IntermediatesCache.pin_memory = original
 
 
-@contextlib.contextmanager
-def cpu_threads(device: str):
-    """On CPU, ``LLMOPT_CPU_THREADS`` (when set) caps torch's intra-op threads for the block.
-
-    GPTQ and AWQ run many small operations; on a busy machine, threads that wait for each
-    other at every operation can make them several times slower than one thread."""
-    import torch
-
-    wanted = os.environ.get("LLMOPT_CPU_THREADS")
-    if device != "cpu" or not wanted:
-        yield
-        return
-    saved = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(wanted)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 def load_tokenizer(ctx):
     transformers = require("transformers", "torch", ctx.name)
     return transformers.AutoTokenizer.from_pretrained(ctx.model_dir,
@@ -127,21 +107,24 @@ def load_model(ctx, device: str, keep_on_cpu: bool = False):
     return model
 
 
-def pipeline_name(pipeline: str) -> str | None:
-    """llm-compressor's ``pipeline`` argument (None: its per-modifier inference)."""
-    return None if pipeline == "auto" else pipeline
+def resolve_pipeline(pipeline: str, calibrates: bool, device: str) -> str | None:
+    """llm-compressor's ``pipeline`` argument (None: its own inference, datafree for data-free methods)."""
+    if pipeline != "auto":
+        return pipeline
+    if not calibrates:
+        return None
+    return "basic" if device == "cpu" else "sequential"
 
 
-def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str, out: Path, seed: int,
+def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: Path, seed: int,
                 wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
     """``oneshot`` on ``model`` in place, saving the compressed checkpoint to ``out``; returns seconds."""
     torch = require("torch", "torch", ctx.name)
     from llmcompressor import oneshot
 
     kwargs = {"model": model, "processor": tokenizer, "recipe": recipe, "output_dir": str(out)}
-    name = pipeline_name(pipeline)
-    if name is not None:
-        kwargs["pipeline"] = name
+    if pipeline is not None:
+        kwargs["pipeline"] = pipeline
     if rows is not None:
         kwargs.update(dataset=calibration.as_dataset(rows), num_calibration_samples=len(rows.rows),
                       max_seq_length=rows.seq_len, shuffle_calibration_samples=False)
@@ -165,31 +148,16 @@ def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: 
         model = load_model(ctx, ctx.device, keep_on_cpu=pipeline == "sequential")
         out = ctx.out_dir / "model"
         ctx.progress("calibrating and compressing" if calibrates else "compressing")
-        seconds = run_oneshot(ctx, model, tokenizer, build_recipe(), rows, pipeline, out,
+        chosen = resolve_pipeline(pipeline, calibrates, ctx.device)
+        seconds = run_oneshot(ctx, model, tokenizer, build_recipe(), rows, chosen, out,
                               ctx.recipe.recipe.calibration.seed, wrap)
     del model
     copy_tokenizer_files(ctx.model_dir, out)
     outputs = {"format": "hf", "model_dir": "model", "quantization": summary(out), "device": ctx.device,
-               "pipeline": pipeline, "compress_seconds": round(seconds, 2)}
+               "pipeline": chosen or "datafree", "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out)}
     if rows is not None:
         outputs["calibration"] = rows.summary()
     return outputs
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "chat_template.jinja", "vocab.json", "merges.txt", "generation_config.json")
-
-
-def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
-    """Copy tokenizer / generation files the save did not write (a library save may skip some)."""
-    import shutil
-
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file() and not (dst / name).exists():
-            shutil.copy2(src / name, dst / name)
-            copied.append(name)
-    return copied
 
 
 def _brief(args: dict | None) -> dict | None:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from llmopt import calibration
 from llmopt.backends.base import require
-from llmopt.backends.compress._llmcompressor import copy_tokenizer_files, cpu_threads
+from llmopt.backends.compress._common import copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
 
 REQUIRES = ("nvidia-modelopt", "torch", "transformers")
@@ -134,7 +134,7 @@ def quantize(ctx, config_name: str, adjust: Callable[[dict], None] | None = None
     tokenizer.save_pretrained(out)
     copy_tokenizer_files(ctx.model_dir, out)
     return {"format": FORMAT, "model_dir": "model", "quantization": summary(out), "device": ctx.device,
-            "compress_seconds": round(seconds, 2), "calibration": rows.summary()}
+            "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out), "calibration": rows.summary()}
 
 
 def summary(model_dir: Path) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 from llmopt import calibration
 from llmopt.backends.base import require
 from llmopt.backends.compress import _checks
+from llmopt.backends.compress._common import copy_tokenizer_files
 from llmopt.errors import Problem, StageFailed
 
 REQUIRES = ("torch", "transformers")
@@ -82,8 +83,6 @@ def save(ctx, model, tokenizer) -> Path:
     out = ctx.out_dir / "model"
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    from llmopt.backends.compress._llmcompressor import copy_tokenizer_files
-
     copy_tokenizer_files(ctx.model_dir, out)
     return out
 

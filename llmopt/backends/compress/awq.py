@@ -32,7 +32,7 @@ class AWQOptions(Options):
         True, description="Search scales from activations and weights (true), activations only (false), or both "
         "halves of the grid (\"both\").")
     n_grid: int = Field(20, ge=2, le=100, description="Grid points searched per scale; fewer is faster and a little worse.")
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
     kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
     pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
 

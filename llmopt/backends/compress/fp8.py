@@ -20,7 +20,7 @@ from llmopt.registry import register
 
 
 class FP8Options(Options):
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
 
 
 @register("compress", "fp8")

@@ -39,7 +39,7 @@ class GPTQOptions(Options):
     dampening_frac: float = Field(0.01, gt=0, lt=1, description="Fraction of the Hessian's mean diagonal added to it "
                                   "before inversion (numerical stability).")
     block_size: int = Field(128, ge=1, description="Columns updated together in one GPTQ block.")
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
     kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
     pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
 

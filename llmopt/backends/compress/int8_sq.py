@@ -24,7 +24,7 @@ class Int8SQOptions(Options):
     smoothing_strength: float = Field(0.8, gt=0, lt=1, description="SmoothQuant alpha: how much of the activation "
                                       "range moves into the weights (0.5 to 0.9 usual).")
     dampening_frac: float = Field(0.01, gt=0, lt=1, description="GPTQ Hessian dampening (fraction of the mean diagonal).")
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
     kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
     pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
 

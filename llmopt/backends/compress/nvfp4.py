@@ -24,7 +24,7 @@ NVFP4_BITS = 4 + 8 / NVFP4_GROUP  # E2M1 values + one FP8 scale per 16
 
 
 class NVFP4Options(Options):
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
     kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
     pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
 

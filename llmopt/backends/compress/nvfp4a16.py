@@ -18,7 +18,7 @@ from llmopt.registry import register
 
 
 class NVFP4A16Options(Options):
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
 
 
 @register("compress", "nvfp4a16")

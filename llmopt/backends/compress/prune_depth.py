@@ -21,6 +21,7 @@ from pydantic import Field
 
 from llmopt.backends.base import Options, PlanContext, StageContext, require
 from llmopt.backends.compress import _prune
+from llmopt.backends.compress._common import folder_bytes
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -84,7 +85,8 @@ class PruneDepth:
         return {"format": "hf", "model_dir": "model", "dropped_layers": dropped,
                 "num_hidden_layers": _prune.config_of(out)["num_hidden_layers"],
                 "layer_scores": [round(s, 6) for s in scores], "parameters_before": before,
-                "parameters_after": _prune.param_count(model), "calibration": rows.summary()}
+                "parameters_after": _prune.param_count(model), "model_bytes": folder_bytes(out),
+                "calibration": rows.summary()}
 
 
 def angular_distances(model, batches, progress=None) -> list[float]:

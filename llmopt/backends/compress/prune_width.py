@@ -19,6 +19,7 @@ from pydantic import Field
 
 from llmopt.backends.base import Options, PlanContext, StageContext, require
 from llmopt.backends.compress import _checks, _prune
+from llmopt.backends.compress._common import folder_bytes
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -80,7 +81,8 @@ class PruneWidth:
         out = _prune.save(ctx, model, tokenizer)
         return {"format": "hf", "model_dir": "model", "intermediate_size_before": current,
                 "intermediate_size": _prune.config_of(out)["intermediate_size"], "parameters_before": before,
-                "parameters_after": _prune.param_count(model), "calibration": rows.summary()}
+                "parameters_after": _prune.param_count(model), "model_bytes": folder_bytes(out),
+                "calibration": rows.summary()}
 
 
 def neuron_scores(model, batches, progress=None) -> list:

@@ -24,7 +24,7 @@ class RTNOptions(Options):
     group_size: int | None = Field(128, ge=8, description="Weights sharing one scale along the input dimension "
                                    "(must divide every targeted layer's input width); None: one scale per output channel.")
     symmetric: bool = Field(True, description="Symmetric weights (no zero point); false stores a zero point per group.")
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description=lc.IGNORE_HELP)
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
 
 
 @register("compress", "rtn")
