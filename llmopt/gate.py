@@ -61,6 +61,8 @@ def compare(metric: str, baseline: dict[str, dict], candidate: dict[str, dict], 
     if n == 0:
         return {"metric": metric, "n": 0, "delta": None, "ci": [None, None], "unpaired": unpaired}
     if metric == "perplexity":
+        if method == "score":
+            raise ValueError("the score interval needs 0/1 scores; perplexity's interval is the bootstrap")
         out = _perplexity(baseline, candidate, ids, confidence, seed)
     else:
         b = np.array([float(baseline[i]["score"]) for i in ids])
