@@ -17,10 +17,19 @@ def test_quickstart_runs_end_to_end(tmp_path):
     doc = json.loads(result.stdout)
     assert doc["passed"] is True
     manifest = json.loads((out / "manifest.json").read_text())
-    config = json.loads((out / "model" / "config.json").read_text())
-    assert config["hidden_size"] == 576 and "quantization_config" not in json.dumps(manifest["stages"][0]["outputs"])
-    perplexity = [g for g in manifest["gates"] if g["metric"] == "perplexity"][0]
-    assert 5 < perplexity["baseline"] < 100  # a real language model on English prose
+    stages = {stage["name"]: stage["outputs"] for stage in manifest["stages"]}
+    assert stages["compress.0.gptq"]["quantization"]["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+    export = stages["export.onnx"]
+    assert export["precision"] == "int4" and export["quantized_input"]["repacked"] is True
+    assert export["verify"]["status"] == "passed"  # MatMulNBits ran on the CPU EP, nothing fell back
+    assert (out / "model" / "model.onnx").is_file() and (out / "model" / "genai_config.json").is_file()
+    assert (out / "deploy" / "ort" / "launch.sh").is_file()
+    gates = {g["name"]: g for g in manifest["gates"]}
+    assert 5 < gates["prose"]["baseline"] < 100  # a real language model on English prose
+    assert gates["prose"]["candidate"] > gates["prose"]["baseline"]  # 4 bits cost something; never free
+    assert gates["mc"]["n"] == 200 and gates["mc"]["baseline"] > 0.4  # well above chance (0.25)
+    assert "prose" in result.stderr and "verdict" in result.stderr  # the verdict table
+    assert run_cli("verify", str(out)).returncode == 0
     again = run_cli("run", str(ROOT / "recipes" / "quickstart.toml"), "-o", str(out), "--format", "json", cwd=tmp_path)
     assert again.returncode == 0
     assert all(stage["status"] == "cached" for stage in json.loads(again.stdout)["stages"])
