@@ -48,7 +48,7 @@ VLLM_DEPS := vllm==0.33.0 compressed-tensors==0.17.0 transformers==5.20.0 tokeni
 	oss-harmony==0.0.11 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 \
 	frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 fastapi==0.136.3 starlette==1.10.0 \
 	annotated-doc==0.0.7 partial-json-parser==0.2.1.1.post7 llguidance==1.7.3 xgrammar==0.2.8 \
-	apache-tvm-ffi==0.1.11 loguru==0.7.3
+	apache-tvm-ffi==0.1.11 loguru==0.7.3 einops==0.8.2
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_ENV)/bin/python || $(PYTHON) -m venv $(VLLM_ENV)

@@ -106,8 +106,7 @@ def child_direct(recipe: Path, out: Path) -> dict:
         rows = calibration.token_rows(loaded.recipe.calibration, tokenizer)
         kwargs = dict(dataset=calibration.as_dataset(rows), num_calibration_samples=len(rows.rows),
                       max_seq_length=rows.seq_len, shuffle_calibration_samples=False)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    pipeline = resolve_pipeline(getattr(options, "pipeline", "auto"), backend.calibrates, device)
+    pipeline = resolve_pipeline(getattr(options, "pipeline", "auto"), backend.calibrates)
     if pipeline is not None:  # the same pipeline llmopt picks
         kwargs["pipeline"] = pipeline
     recipe_modifiers = sys.modules[backend.__module__].build(options)

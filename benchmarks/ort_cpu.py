@@ -48,7 +48,12 @@ VARIANTS = {
     "ort-int4-b64-acc4": {"precision": "int4", "block_size": 64, "accuracy_level": 4},
     "ort-int4-b32-kquant": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "algo_config": "k_quant"},
     "ort-int4-b32-int8head": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "lm_head": "int8"},
+    # the quickstart's path: GPTQ (64 x 256 tokens of builtin:prose) repacked into MatMulNBits, not re-quantized
+    "ort-int4-gptq-g64": {"precision": "int4", "accuracy_level": 4, "compress": "gptq"},
 }
+COMPRESS = {"gptq": '[calibration]\ndata = "builtin:prose"\nsamples = 64\nmax_seq_len = 256\n'
+                    '[[compress]]\nmethod = "gptq"\nscheme = "W4A16"\ngroup_size = 64\nactorder = "weight"\n'
+                    'pipeline = "sequential"\n'}
 
 
 # ---------------------------------------------------------------- workers (one process per peer)
@@ -164,9 +169,10 @@ def build_models(work: Path, threads: int) -> tuple[Path, dict[str, Path]]:
 
     variants = {}
     for name, options in VARIANTS.items():
-        lines = [f"{k} = {json.dumps(v)}" for k, v in options.items()]
+        compress = COMPRESS.get(options.get("compress"), "")
+        lines = [f"{k} = {json.dumps(v)}" for k, v in options.items() if k != "compress"]
         recipe = work / f"{name}.toml"
-        recipe.write_text(f'schema_version = 1\nname = "{name}"\n[model]\nsource = "builtin:smollm2-135m"\n'
+        recipe.write_text(f'schema_version = 1\nname = "{name}"\n[model]\nsource = "builtin:smollm2-135m"\n{compress}'
                           f'[export]\nformat = "onnx"\nintra_op_threads = {threads}\n' + "\n".join(lines) + "\n")
         result = api.run(recipe, cache_dir=work / "cache", output_dir=work / "artifacts" / name)
         variants[name] = result.artifact / "model"

@@ -180,9 +180,9 @@ def test_width_pruning_shrinks_the_mlps(lab):
 
 
 def test_prune_then_gptq_composes(lab):
-    pruned = lab.run("prune-depth", '[[compress]]\nmethod = "prune_depth"\nlayers = 2\nprotect_first = 2\n')
-    both = lab.run("prune-gptq", '[[compress]]\nmethod = "prune_depth"\nlayers = 2\nprotect_first = 2\n'
-                                 '[[compress]]\nmethod = "gptq"\ngroup_size = 64\npipeline = "basic"\n')
+    prune = '[[compress]]\nmethod = "prune_depth"\nlayers = 2\nprotect_first = 2\n'
+    pruned = lab.run("prune-depth-16", prune, samples=16)
+    both = lab.run("prune-gptq", prune + '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n', samples=16)
     config = both.config()
     assert config["num_hidden_layers"] == 28 and weights_of(config)["num_bits"] == 4
     assert both.compress(0)["dropped_layers"] == pruned.compress()["dropped_layers"]  # the cached prune stage

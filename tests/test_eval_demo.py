@@ -27,6 +27,8 @@ QA = """
 name = "qa"
 kind = "generation"
 data = "builtin:qa"
+chat_template = true   # an instruct model answers in sentences ("3 + 4 = 7"),
+match = "contains"     # so the answer is looked for in the reply
 """
 
 
@@ -59,7 +61,7 @@ def test_demo_model_short_answers(tmp_path, demo_cache):
     print(f"\nbuiltin:qa, SmolLM2-135M-Instruct: exact_match {qa['value']:.3f}, n={qa['n']}, "
           f"{seconds(result, 'eval.qa'):.0f}s")
     assert qa["n"] == 150
-    assert qa["value"] >= 0.15
+    assert qa["value"] >= 0.4  # measured 0.61 (exact match without the chat template: 0.02, the model echoes)
 
 
 def rtn_2bit(source: Path, folder: Path, group: int = 64) -> Path:

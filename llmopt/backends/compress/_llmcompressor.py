@@ -29,10 +29,11 @@ EXTRA = "compress"
 
 Pipeline = Literal["auto", "basic", "sequential", "datafree"]
 PIPELINE_HELP = (
-    "Calibration pipeline: auto (basic on a CPU, where the whole model is in memory anyway; sequential on a "
-    "GPU), basic (one forward pass of the whole model: about half the CPU time of sequential on the demo "
-    "model; no error propagation between layers), sequential (one decoder layer at a time on the device, "
-    "the rest in host memory: models larger than GPU memory; quantization error propagates to later layers)."
+    "Calibration pipeline: auto (sequential for methods that calibrate, as llm-compressor itself chooses; "
+    "datafree otherwise), sequential (one decoder layer at a time on the device, the rest in host memory: "
+    "each layer calibrates on the already-quantized outputs of the layers before it, which is what GPTQ and "
+    "AWQ assume, and models larger than GPU memory fit), basic (one forward pass of the whole model, every "
+    "layer calibrated on unquantized inputs: faster, and less accurate for GPTQ and AWQ)."
 )
 IGNORE_HELP = "Layers left unquantized: module names or `re:` patterns (the default keeps lm_head in full precision)."
 KV_HELP = "Quantize the KV cache: fp8 writes static per-tensor FP8 scales for K and V (kv_cache_scheme), none leaves it."
@@ -107,13 +108,11 @@ def load_model(ctx, device: str, keep_on_cpu: bool = False):
     return model
 
 
-def resolve_pipeline(pipeline: str, calibrates: bool, device: str) -> str | None:
+def resolve_pipeline(pipeline: str, calibrates: bool) -> str | None:
     """llm-compressor's ``pipeline`` argument (None: its own inference, datafree for data-free methods)."""
     if pipeline != "auto":
         return pipeline
-    if not calibrates:
-        return None
-    return "basic" if device == "cpu" else "sequential"
+    return "sequential" if calibrates else None
 
 
 def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: Path, seed: int,
@@ -148,7 +147,7 @@ def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: 
         model = load_model(ctx, ctx.device, keep_on_cpu=pipeline == "sequential")
         out = ctx.out_dir / "model"
         ctx.progress("calibrating and compressing" if calibrates else "compressing")
-        chosen = resolve_pipeline(pipeline, calibrates, ctx.device)
+        chosen = resolve_pipeline(pipeline, calibrates)
         seconds = run_oneshot(ctx, model, tokenizer, build_recipe(), rows, chosen, out,
                               ctx.recipe.recipe.calibration.seed, wrap)
     del model
