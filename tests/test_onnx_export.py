@@ -153,3 +153,13 @@ def test_tokenizer_decoder_fix_only_touches_the_gguf_conversion_decoder(tmp_path
         path.write_text(json.dumps(tok))
         assert fix_tokenizer_decoder(path) is changed, name
         assert json.loads(path.read_text())["decoder"] == (byte_level if changed else tok["decoder"])
+
+
+def test_an_lm_head_of_another_precision_keeps_its_own_table():
+    """A tied int8 head under an int4 body cannot share the int4 table (the builder writes a dangling input)."""
+    from llmopt.backends.export.onnx import OnnxExportOptions, builder_extra
+
+    int8_head = builder_extra(OnnxExportOptions(precision="int4", lm_head="int8"), None)
+    assert "matmul_mixed_precision=last_matmul:int8" in int8_head and "shared_embeddings=false" in int8_head
+    same = builder_extra(OnnxExportOptions(precision="int4"), None)
+    assert not any(kv.startswith("shared_embeddings") for kv in same)  # the builder's own choice

@@ -253,9 +253,19 @@ def provider_problems(options: OnnxExportOptions, ctx: PlanContext) -> list[Prob
 
 
 def shares_embeddings(options: OnnxExportOptions, tied: bool, prequantized: bool) -> bool:
+    """Whether the builder will share one table between the embedding and the LM head."""
     if options.shared_embeddings is not None:
         return options.shared_embeddings
-    return tied and not (prequantized and options.lm_head in ("auto", "float"))
+    if options.precision not in QUANTIZED:
+        return tied
+    return tied and head_precision(options, {"lm_head_quantized": False} if prequantized else None) == options.precision
+
+
+def head_precision(options: OnnxExportOptions, quantized: dict | None) -> str:
+    """The LM head's precision: ``lm_head``, with auto resolved (float when a pre-quantized checkpoint left it so)."""
+    if options.lm_head != "auto":
+        return options.lm_head
+    return "float" if quantized and not quantized.get("lm_head_quantized") else options.precision
 
 
 def prepare_input(model_dir: Path, options: OnnxExportOptions, work: Path, ctx: StageContext) -> tuple[Path, dict | None]:
@@ -282,17 +292,15 @@ def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[st
         kv |= {"block_size": options.block_size, "is_symmetric": options.is_symmetric, "algo_config": options.algo_config}
         if options.accuracy_level is not None:
             kv["accuracy_level"] = options.accuracy_level
-        head = options.lm_head
-        if head == "auto":
-            head = "float" if quantized and not quantized.get("lm_head_quantized") else options.precision
+        head = head_precision(options, quantized)
         mixed = (["last_matmul:int8"] if head == "int8" else []) + (["mixed_layers:int8"] if options.mixed_layers == "int8" else [])
         if mixed:
             kv["matmul_mixed_precision"] = ",".join(mixed)
         if head == "float":
             kv["nodes_to_exclude"] = "/lm_head/MatMul"
     shared = options.shared_embeddings
-    if shared is None and quantized and options.lm_head in ("auto", "float"):
-        shared = False  # the float LM head keeps its own table, as in the checkpoint
+    if shared is None and options.precision in QUANTIZED and head_precision(options, quantized) != options.precision:
+        shared = False  # an LM head of another precision (float, int8) keeps its own table
     if shared is not None:
         kv["shared_embeddings"] = shared
     if options.exclude_lm_head:
