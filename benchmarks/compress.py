@@ -10,7 +10,7 @@ options and the same calibration rows:
   fingerprint, compress stage, artifact with checksums.
 
 Measured per process: wall seconds from launch to exit (interpreter start and imports
-included on both sides), CPU seconds, peak RSS (``wait4``), and on CUDA the peak GPU
+included on both sides), CPU seconds (``wait4``), peak RSS (the child's VmHWM), and on CUDA the peak GPU
 memory. Printed as JSON lines, then a summary line with medians and llmopt / direct ratios.
 
     python benchmarks/compress.py                          # demo model on this CPU: fp8 and gptq
@@ -133,7 +133,18 @@ def child(mode: str, recipe: Path, out: Path, threads: int | None) -> None:
         torch.cuda.synchronize()
         extra["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     extra["work_s"] = round(time.monotonic() - started, 2)
+    extra["peak_rss_mib"] = vm_hwm_mib()
     print("CHILD " + json.dumps(extra), flush=True)
+
+
+def vm_hwm_mib() -> float | None:
+    """This process's own peak RSS (VmHWM). The parent's wait4 ru_maxrss is not used: Linux keeps the
+    parent's peak at fork in the child's ru_maxrss, so every child would report at least the parent's."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return round(int(line.split()[1]) / 1024, 1)
 
 
 def measure(mode: str, recipe: Path, out: Path, threads: int | None) -> dict:
@@ -155,7 +166,7 @@ def measure(mode: str, recipe: Path, out: Path, threads: int | None) -> dict:
     line = [x for x in stdout.splitlines() if x.startswith("CHILD ")][-1]
     shutil.rmtree(out, ignore_errors=True)
     return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), **json.loads(line[len("CHILD "):])}
+            **json.loads(line[len("CHILD "):])}
 
 
 def summarise(method: str, runs: dict) -> dict:

@@ -15,10 +15,14 @@ step reads every weight once).
     .venv/bin/python benchmarks/ort_cpu.py --threads 1 --repeats 5 --out bench-ort.json
 
 llama.cpp runs from its own environment (``--llama-python``, default
-``.bench-envs/llamacpp/bin/python``), llama-cpp-python built from source:
+``.bench-envs/llamacpp/bin/python``), llama-cpp-python 0.3.36 built from source with its
+tools, examples, server and tests off. On a VM whose CPU reports AMX but traps on tile
+instructions (SIGILL in ``tileloadd``), turn off the native build and AMX:
     python3 -m venv .bench-envs/llamacpp
-    CMAKE_ARGS="-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF" \\
-        .bench-envs/llamacpp/bin/pip install --no-binary llama-cpp-python llama-cpp-python numpy
+    CMAKE_ARGS="-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \\
+        -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \\
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF" \\
+        .bench-envs/llamacpp/bin/pip install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36 numpy
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ VARIANTS = {
     "ort-int4-b32-acc1": {"precision": "int4", "block_size": 32, "accuracy_level": 1},
     "ort-int4-b64-acc4": {"precision": "int4", "block_size": 64, "accuracy_level": 4},
     "ort-int4-b32-kquant": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "algo_config": "k_quant"},
+    "ort-int4-b32-asym": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "is_symmetric": False,
+                          "shared_embeddings": False},  # zero points, as the GGUF's Q4_1 blocks have minimums
     "ort-int4-b32-int8head": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "lm_head": "int8"},
     # the quickstart's path: GPTQ (64 x 256 tokens of builtin:prose) repacked into MatMulNBits, not re-quantized
     "ort-int4-gptq-g64": {"precision": "int4", "accuracy_level": 4, "compress": "gptq"},
@@ -62,7 +68,15 @@ def summarize(prefill: list[float], decode: list[float], nll: float, tokens: int
     return {"prefill_ms": statistics.median(prefill), "decode_ms_p50": float(np.percentile(decode, 50)),
             "decode_ms_p95": float(np.percentile(decode, 95)), "tokens_per_s": 1000 / float(np.percentile(decode, 50)),
             "perplexity": float(np.exp(nll / tokens)), "scored_tokens": tokens,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mib": peak_rss_mib()}
+
+
+def peak_rss_mib() -> float:
+    """VmHWM: this process's own peak (ru_maxrss would carry the parent's across fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def window_nll(logits: np.ndarray, ids: list[int]) -> float:
@@ -199,7 +213,7 @@ def run_worker(python: str, kind: str, job: dict) -> dict:
     done = subprocess.run([python, __file__, "--worker", kind, f.name], capture_output=True, text=True, env=env)
     os.unlink(f.name)
     if done.returncode:
-        return {"error": done.stderr[-2000:]}
+        return {"error": f"{done.stderr[-2000:]}\nexit code {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -224,7 +238,8 @@ def table(results: dict, bw: float) -> str:
              "| peak RSS MiB | perplexity |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error'].strip().splitlines()[-1][:80]} |||||||")
+            last = (r["error"].strip().splitlines() or ["no output"])[-1][:80]
+            lines.append(f"| {name} | failed: {last} |||||||")
             continue
         ceiling = r["weight_bytes"] / (bw * 1e9) * 1000
         lines.append(f"| {name} | {r['weight_bytes'] / 2**20:.1f} | {r['prefill_ms']:.1f} | {r['decode_ms_p50']:.2f} | "

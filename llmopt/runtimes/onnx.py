@@ -132,7 +132,7 @@ class OnnxRuntime:
             "ttft_ms": statistics.median(r["ttft"] for r in runs),
             "decode_ms_p50": float(np.percentile(decode, 50)), "decode_ms_p95": float(np.percentile(decode, 95)),
             "tokens_per_s": 1000.0 / statistics.mean(decode),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": peak_rss_bytes(),
         }
 
     def _timed_run(self, ids: list[int], new_tokens: int) -> dict:
@@ -174,3 +174,15 @@ def hf_bos_id(model_dir: Path) -> int | None:
             return int(added["id"])
     vocab = (tok.get("model") or {}).get("vocab")
     return int(vocab[bos]) if isinstance(vocab, dict) and bos in vocab else None
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. Linux: VmHWM, which starts afresh at exec (ru_maxrss
+    keeps the parent's peak across fork and exec, so a worker process would report its parent's)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
