@@ -100,3 +100,18 @@ def test_demo_2bit_copy_fails_the_multiple_choice_gate(tmp_path, demo_cache, cap
               f"{time.monotonic() - started:.0f}s")
     assert code == 3
     assert gate["verdict"] == "fail" and gate["ci"][1] < 0 and gate["candidate"] < gate["baseline"] - 0.1
+
+
+def test_demo_identical_copy_passes_the_multiple_choice_gate(tmp_path, demo_cache, capsys):
+    import shutil
+
+    recipe = demo_recipe(tmp_path, MC)
+    alone = evaluate.evaluate(recipe, cache_dir=demo_cache, output=tmp_path / "alone")
+    source = artifact.model_dir(alone.plan, alone.plan.cache.manifest(alone.plan.stage("source").key))
+    copy = shutil.copytree(source, tmp_path / "copy")
+    code = main(["eval", str(recipe), "--candidate", str(copy), "--cache-dir", str(demo_cache),
+                 "-o", str(tmp_path / "r"), "-f", "quiet"])
+    capsys.readouterr()
+    gate = json.loads((tmp_path / "r" / "report.json").read_text())["gates"][0]
+    assert code == 0 and gate["verdict"] == "pass" and gate["delta"] == 0 and gate["n"] == 200
+    assert -0.05 < gate["ci"][0] < 0 < gate["ci"][1]  # no answer changed, yet 200 questions leave an interval
