@@ -115,3 +115,16 @@ def test_demo_identical_copy_passes_the_multiple_choice_gate(tmp_path, demo_cach
     gate = json.loads((tmp_path / "r" / "report.json").read_text())["gates"][0]
     assert code == 0 and gate["verdict"] == "pass" and gate["delta"] == 0 and gate["n"] == 200
     assert -0.05 < gate["ci"][0] < 0 < gate["ci"][1]  # no answer changed, yet 200 questions leave an interval
+
+
+def test_demo_perplexity_equals_transformers_own_loss(tmp_path, demo_cache):
+    """llmopt's perplexity on the demo model against transformers' loss over the same windows."""
+    from test_eval_backends import independent_perplexity
+
+    evals = '[[eval]]\nname = "prose"\nkind = "perplexity"\nwindow = 256\nstride = 192\nmax_windows = 6\n'
+    result = evaluate.evaluate(demo_recipe(tmp_path, evals), cache_dir=demo_cache, output=tmp_path / "r")
+    ours = result.report["evals"]["eval.prose"]["value"]
+    source = artifact.model_dir(result.plan, result.plan.cache.manifest(result.plan.stage("source").key))
+    theirs = independent_perplexity(source, 256, 192, 6)
+    print(f"\nSmolLM2-135M-Instruct on builtin:prose-eval: llmopt {ours:.4f}, transformers loss {theirs:.4f}")
+    assert 5 < ours < 100 and ours == pytest.approx(theirs, rel=0.005)
