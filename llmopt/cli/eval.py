@@ -55,18 +55,10 @@ def eval_(
 def show(console, evals: dict, gates: list[dict], folder) -> None:
     from rich.table import Table
 
-    from llmopt.reports import HEADER, fmt, gate_rows
+    from llmopt.reports import fmt
 
     if gates:
-        table = Table(title="accuracy gates")
-        for col in HEADER:
-            table.add_column(col)
-        for row in gate_rows(gates):
-            colour = {"PASS": "green", "FAIL": "red"}.get(row[-1], "yellow")
-            table.add_row(*row[:-1], f"[{colour}]{row[-1]}[/]")
-        console.print(table)
-        for g in gates:
-            console.print(f"  {g['name']}: {g.get('reason', '')}")
+        print_gates(console, gates)
     elif evals:
         table = Table(title="evals")
         for col in ("stage", "metric", "value", "n"):
@@ -75,3 +67,24 @@ def show(console, evals: dict, gates: list[dict], folder) -> None:
             table.add_row(stage, str(o.get("metric")), fmt(o.get("value")), str(o.get("n")))
         console.print(table)
     console.print(f"reports: {folder}")
+
+
+def print_gates(console, gates: list[dict]) -> None:
+    """The verdict table, then each gate's reason. Only the interval wraps in a narrow terminal."""
+    from rich import box
+    from rich.table import Table
+
+    from llmopt.reports import HEADER, gate_rows
+
+    table = Table(title="accuracy gates", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in HEADER:
+        if col == "interval":
+            table.add_column(col, min_width=9, overflow="fold")
+        else:
+            table.add_column(col, no_wrap=True)
+    for row in gate_rows(gates):
+        colour = {"PASS": "green", "FAIL": "red"}.get(row[-1], "yellow")
+        table.add_row(*row[:-1], f"[{colour}]{row[-1]}[/]")
+    console.print(table)
+    for gate in gates:
+        console.print(f"  {gate['name']}: {gate.get('reason', '')}")

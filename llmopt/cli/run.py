@@ -46,19 +46,9 @@ def run(
 
 
 def _show(console, result) -> None:
-    from rich.table import Table
-
-    from llmopt.reports import HEADER, gate_rows
+    from llmopt.cli.eval import print_gates
 
     if result.gates:
-        table = Table(title="accuracy gates")
-        for col in HEADER:
-            table.add_column(col)
-        for row in gate_rows(result.gates):
-            colour = {"PASS": "green", "FAIL": "red"}.get(row[-1], "yellow")
-            table.add_row(*row[:-1], f"[{colour}]{row[-1]}[/]")
-        console.print(table)
-        for gate in result.gates:
-            console.print(f"  {gate['name']}: {gate.get('reason', '')}")
+        print_gates(console, result.gates)
     ran = sum(r.status == "ran" for r in result.records)
     console.print(f"artifact: {result.artifact}  ({ran} stage(s) run, {len(result.records) - ran} cached; log {result.log_path})")
