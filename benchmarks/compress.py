@@ -133,18 +133,10 @@ def child(mode: str, recipe: Path, out: Path, threads: int | None) -> None:
         torch.cuda.synchronize()
         extra["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     extra["work_s"] = round(time.monotonic() - started, 2)
-    extra["peak_rss_mib"] = vm_hwm_mib()
+    from llmopt.runtimes.onnx import peak_rss_bytes  # the child's own VmHWM: wait4's ru_maxrss starts at the parent's
+
+    extra["peak_rss_mib"] = round(peak_rss_bytes() / 2**20, 1)
     print("CHILD " + json.dumps(extra), flush=True)
-
-
-def vm_hwm_mib() -> float | None:
-    """This process's own peak RSS (VmHWM). The parent's wait4 ru_maxrss is not used: Linux keeps the
-    parent's peak at fork in the child's ru_maxrss, so every child would report at least the parent's."""
-    try:
-        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-    return round(int(line.split()[1]) / 1024, 1)
 
 
 def measure(mode: str, recipe: Path, out: Path, threads: int | None) -> dict:

@@ -288,18 +288,18 @@ def prepare_input(model_dir: Path, options: OnnxExportOptions, work: Path, ctx: 
 def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[str]:
     """KEY=VALUE options for the model builder."""
     kv = {"hf_token": "false", "hf_remote": "false"}
-    if options.precision in QUANTIZED:
+    head = head_precision(options, quantized) if options.precision in QUANTIZED else None
+    if head is not None:
         kv |= {"block_size": options.block_size, "is_symmetric": options.is_symmetric, "algo_config": options.algo_config}
         if options.accuracy_level is not None:
             kv["accuracy_level"] = options.accuracy_level
-        head = head_precision(options, quantized)
         mixed = (["last_matmul:int8"] if head == "int8" else []) + (["mixed_layers:int8"] if options.mixed_layers == "int8" else [])
         if mixed:
             kv["matmul_mixed_precision"] = ",".join(mixed)
         if head == "float":
             kv["nodes_to_exclude"] = "/lm_head/MatMul"
     shared = options.shared_embeddings
-    if shared is None and options.precision in QUANTIZED and head_precision(options, quantized) != options.precision:
+    if shared is None and head is not None and head != options.precision:
         shared = False  # an LM head of another precision (float, int8) keeps its own table
     if shared is not None:
         kv["shared_embeddings"] = shared
