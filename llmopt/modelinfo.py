@@ -103,8 +103,9 @@ def from_folder(folder: str | Path) -> ModelInfo:
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
-def read_gguf_header(path: str | Path) -> tuple[dict, list[str]]:
-    """Metadata and tensor names of a GGUF file (format v2/v3), reading only the header.
+def read_gguf_header(path: str | Path, types: bool = False) -> tuple[dict, list[str] | dict[str, int]]:
+    """Metadata and tensor names (with ``types``: name -> GGML type id) of a GGUF file (format v2/v3),
+    reading only the header.
 
     Long arrays (the vocabulary) are reduced to their length, so this takes
     milliseconds where parsing every tensor would take seconds."""
@@ -141,13 +142,13 @@ def read_gguf_header(path: str | Path) -> tuple[dict, list[str]]:
             key, pos = string(pos)
             (kind,) = struct.unpack_from("<I", buf, pos)
             meta[key], pos = value(kind, pos + 4)
-        names = []
+        names = {}
         for _ in range(n_tensors):
             name, pos = string(pos)
             (dims,) = struct.unpack_from("<I", buf, pos)
+            (names[name],) = struct.unpack_from("<I", buf, pos + 4 + 8 * dims)
             pos += 4 + 8 * dims + 4 + 8
-            names.append(name)
-    return meta, names
+    return meta, names if types else list(names)
 
 
 def from_gguf(path: str | Path) -> ModelInfo:

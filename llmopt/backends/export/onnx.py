@@ -26,7 +26,8 @@ from pydantic import Field, field_validator
 
 from llmopt import registry
 from llmopt.backends.base import Options, PlanContext, StageContext, require
-from llmopt.backends.export import gptq_layout, onnx_verify
+from llmopt.backends.export import gguf_layout, gptq_layout, onnx_verify
+from llmopt.backends.source.gguf import gguf_path, is_gguf
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -59,9 +60,15 @@ class OnnxExportOptions(Options):
     is_symmetric: bool = Field(True, description="Symmetric (int4) or asymmetric (uint4 with zero points) blocks.")
     algo_config: Literal["default", "rtn", "k_quant"] = Field(
         "default", description="How the builder quantizes: default (ORT's RTN), rtn, or k_quant (asymmetric, slower).")
+    gguf_blocks: Literal["auto", "keep", "requantize"] = Field(
+        "auto", description="A GGUF source exported to int4 with no compression step: keep carries the file's own "
+        "Q4_0/Q4_1 blocks (and a Q8_0 LM head) into MatMulNBits exactly, as llama.cpp computes them; requantize "
+        "lets the builder round the dequantized weights again; auto: keep where it applies (llama architecture, "
+        "cpu EP, block_size 32).")
     lm_head: Literal["auto", "int4", "int8", "float"] = Field(
         "auto", description="Precision of the output projection. auto: as the body when the builder quantizes, "
-        "float when a pre-quantized checkpoint left it unquantized; int8 maps to matmul_mixed_precision=last_matmul:int8.")
+        "float when a pre-quantized checkpoint left it unquantized, int8 for kept GGUF blocks (float if the GGUF "
+        "head is float); int8 maps to matmul_mixed_precision=last_matmul:int8.")
     mixed_layers: Literal["int4", "int8"] = Field(
         "int4", description="int8: keep the most quantization-sensitive layers (first/last eighth, every third "
         "qkv/v/down projection) at 8 bits (matmul_mixed_precision=mixed_layers:int8).")
@@ -103,15 +110,22 @@ class OnnxExport:
         problems = [ctx.problem(f"builder_options may not set {key!r}; use the typed option", "builder_options")
                     for key in sorted(set(options.builder_options) & TYPED_KEYS)]
         problems += upstream_problems(options, ctx)
+        carry, reason = gguf_carry(options, ctx.recipe)
+        if options.gguf_blocks == "keep" and carry is None:
+            problems.append(ctx.problem(f"gguf_blocks = \"keep\" cannot apply: {reason}", "gguf_blocks",
+                                        hint="remove gguf_blocks (auto), or set it to \"requantize\""))
         info = ctx.model
         if info is None:
             return problems
         quantized = info.quantization or None
         if quantized:
             problems += quantized_input_problems(options, quantized, ctx)
+        elif carry is not None:
+            pass  # 32-column GGUF blocks; gguf_carry checked block_size
         elif options.precision in QUANTIZED:
             problems += block_problems(options.block_size, info.linear_inputs | {"lm_head": info.hidden_size}, ctx)
-        if options.precision in QUANTIZED and not options.is_symmetric and shares_embeddings(options, info.tie_embeddings, bool(quantized)):
+        if options.precision in QUANTIZED and not options.is_symmetric and carry is None and \
+                shares_embeddings(options, info.tie_embeddings, bool(quantized)):
             problems.append(ctx.problem(
                 "asymmetric int4/int8 with shared embeddings builds a model ONNX Runtime cannot load (the shared "
                 "table becomes uint8 where the embedding expects float)", "is_symmetric",
@@ -129,7 +143,11 @@ class OnnxExport:
         builder = require("onnxruntime_genai.models.builder", "ort", "the onnx export", package="onnxruntime-genai")
         out = ctx.out_dir / "model"
         work = ctx.out_dir / ".work"
-        source, quantized = prepare_input(ctx.model_dir, options, work, ctx)
+        carry, _ = gguf_carry(options, ctx.recipe)
+        if carry is not None:
+            source, quantized, residuals = prepare_gguf(carry, work, ctx)
+        else:
+            (source, quantized), residuals = prepare_input(ctx.model_dir, options, work, ctx), None
         extra = builder_extra(options, quantized)
         ctx.progress(f"building ONNX ({options.precision}, {options.execution_provider})")
         os.environ.setdefault("TQDM_DISABLE", "1")
@@ -140,6 +158,8 @@ class OnnxExport:
         parsed = builder.parse_extra_options(None, str(source), str(out), options.precision,
                                              options.execution_provider, cache, extra)
         builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
+        if carry is not None:
+            quantized |= finish_gguf(out / "model.onnx", carry, residuals, ctx)
         copy_tokenizer_files(ctx.model_dir, out)
         tokenizer_fixed = fix_tokenizer_decoder(out / "tokenizer.json")
         tune_genai_config(out / "genai_config.json", options)
@@ -157,6 +177,61 @@ class OnnxExport:
         if options.verify != "off":
             outputs["verify"] = verify_stage(out, options, ctx)
         return outputs
+
+
+def gguf_carry(options: OnnxExportOptions, recipe) -> tuple[Path | None, str | None]:
+    """(the GGUF file whose blocks the export keeps, None) or (None, why they are not kept)."""
+    if options.gguf_blocks == "requantize":
+        return None, "gguf_blocks = \"requantize\""
+    source = recipe.recipe.model.source
+    if not is_gguf(source):
+        return None, "the source is not a GGUF file"
+    if recipe.recipe.compress:
+        return None, "compression steps change the weights before the export"
+    if options.precision != "int4":
+        return None, f"precision is {options.precision!r}, not \"int4\""
+    if options.execution_provider != "cpu":
+        return None, f"blocks are carried for the cpu EP (float32 activations), not {options.execution_provider}"
+    if options.block_size != gguf_layout.BLOCK:
+        return None, f"GGUF blocks are {gguf_layout.BLOCK} columns, block_size is {options.block_size}"
+    try:
+        path = gguf_path(source, recipe.path.parent)
+        reason = gguf_layout.problem(path) if path.is_file() else f"{path} not found"
+    except Exception as exc:  # noqa: BLE001 - an unreadable file is a reason, reported by the source stage too
+        return None, f"the GGUF file cannot be read ({exc})"
+    return (None, reason) if reason else (path, None)
+
+
+def prepare_gguf(path: Path, work: Path, ctx: StageContext):
+    """The AutoGPTQ folder of the GGUF's own blocks, its summary and the Q4_1 residual tables."""
+    from llmopt.cache import file_digest
+
+    expected = ctx.input_manifests["model"]["outputs"].get("gguf_sha256")
+    if expected and file_digest(path) != expected:
+        raise StageFailed(f"{path} changed since the source stage converted it", where=ctx.name,
+                          fix="run again; the source stage converts the new file")
+    ctx.progress(f"carrying the 4-bit blocks of {path.name} into MatMulNBits")
+    summary, residuals = gguf_layout.write_gptq_folder(path, ctx.model_dir, work / "gguf")
+    head = gguf_layout.head_tensor(path).tensor_type.name
+    summary |= {"from": "gguf", "repacked": True, "gguf_lm_head": head,
+                "lm_head": "float" if head in ("F32", "F16", "BF16") else "int8"}
+    ctx.log.info("GGUF blocks: %s", summary)
+    return work / "gguf", summary, residuals
+
+
+def finish_gguf(model_file: Path, path: Path, residuals: dict, ctx: StageContext) -> dict:
+    """Add the Q4_1 residual terms and the Q8_0 head to the built graph, then prove the weights exact."""
+    added = gguf_layout.add_block_residuals(model_file, residuals) if residuals else {"nodes": 0}
+    head = gguf_layout.carry_q8_head(model_file, path)
+    error = gguf_layout.max_weight_error(model_file, path)
+    ctx.log.info("GGUF carry: residual nodes %s, Q8_0 head %s, weight error %s", added, head, error)
+    tolerance = 1e-6 * max(error["max_abs_weight"], 1.0)
+    if error["max_abs_error"] > tolerance or (head and error["lm_head_max_abs_error"] > tolerance):
+        raise StageFailed(f"the ONNX weights differ from the GGUF blocks by up to {error['max_abs_error']:.3g} "
+                          f"(LM head {error['lm_head_max_abs_error']})", where=ctx.name,
+                          fix="set gguf_blocks = \"requantize\" to let the builder quantize instead")
+    return {"residual_nodes": added["nodes"], "lm_head_carried": head, "max_abs_weight_error": error["max_abs_error"],
+            "lm_head_max_abs_error": error["lm_head_max_abs_error"]}
 
 
 def upstream_problems(options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
@@ -265,6 +340,8 @@ def head_precision(options: OnnxExportOptions, quantized: dict | None) -> str:
     """The LM head's precision: ``lm_head``, with auto resolved (float when a pre-quantized checkpoint left it so)."""
     if options.lm_head != "auto":
         return options.lm_head
+    if quantized and quantized.get("from") == "gguf":
+        return quantized["lm_head"]
     return "float" if quantized and not quantized.get("lm_head_quantized") else options.precision
 
 
@@ -290,7 +367,9 @@ def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[st
     kv = {"hf_token": "false", "hf_remote": "false"}
     head = head_precision(options, quantized) if options.precision in QUANTIZED else None
     if head is not None:
-        kv |= {"block_size": options.block_size, "is_symmetric": options.is_symmetric, "algo_config": options.algo_config}
+        # kept GGUF blocks carry their own zero points; a Q8_0 head is symmetric
+        symmetric = True if quantized and quantized.get("from") == "gguf" else options.is_symmetric
+        kv |= {"block_size": options.block_size, "is_symmetric": symmetric, "algo_config": options.algo_config}
         if options.accuracy_level is not None:
             kv["accuracy_level"] = options.accuracy_level
         mixed = (["last_matmul:int8"] if head == "int8" else []) + (["mixed_layers:int8"] if options.mixed_layers == "int8" else [])
