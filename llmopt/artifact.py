@@ -22,7 +22,7 @@ from pathlib import Path
 import llmopt
 from llmopt import gate, registry, reports
 from llmopt.backends.base import versions
-from llmopt.cache import copy_tree, file_digest, write_json
+from llmopt.cache import copy_tree_digests, file_digests, write_json
 from llmopt.plan import Plan
 
 
@@ -59,14 +59,14 @@ def assemble(plan: Plan, manifests: dict, log_path: Path) -> list[dict]:
     tmp.mkdir()
     try:
         model_stage = plan.final_model_stage
-        copy_tree(model_dir(plan, manifests[model_stage.name]), tmp / "model")
+        model_digests = copy_tree_digests(model_dir(plan, manifests[model_stage.name]), tmp / "model")
         gates = evaluate_gates(plan, manifests)
         deploy = write_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
         reports.write_all(tmp / "reports", plan, manifests, gates)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
-        manifest["files"] = checksums(tmp)
+        manifest["files"] = checksums(tmp, {f"model/{name}": digest for name, digest in model_digests.items()})
         write_json(tmp / "manifest.json", manifest)
         _swap_into_place(tmp, final)
     except BaseException:
@@ -121,12 +121,13 @@ def _machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version()}
 
 
-def checksums(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): file_digest(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "manifest.json"
-    }
+def checksums(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """SHA-256 of every file under ``root`` but the manifest, by relative path; ``known`` digests
+    (taken while copying those files) are not computed again."""
+    known = known or {}
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != "manifest.json"]
+    todo = file_digests([p for p in files if str(p.relative_to(root)) not in known])
+    return {str(p.relative_to(root)): known.get(str(p.relative_to(root))) or todo[p] for p in files}
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:

@@ -12,8 +12,9 @@ Q4_0       ``w = d * (q - 8)``, q 0..15     codes q, scale d, zero point 8: exac
 Q4_1       ``w = d * q + m``, q 0..15       codes q, scale d, integer zero point
                                             z = round(-m / d), and a per-block
                                             residual ``r = m + d * z`` (see below)
-Q8_0       ``w = d * q``, q -128..127       8-bit LM head: the builder's symmetric
-                                            8-bit rounding returns q and d unchanged
+Q8_0       ``w = d * q``, q -128..127       8-bit LM head: its own codes (+128) and
+                                            scales written over the builder's, which
+                                            scale by amax / 128 (``carry_q8_head``)
 =========  ===============================  ==========================================
 
 MatMulNBits zero points are integers on the fast CPU path (float zero points run a

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from llmopt.backends.base import PlanContext, StageContext, require
-from llmopt.cache import file_digest
+from llmopt.cache import tree_digest
 from llmopt.errors import Problem, StageFailed
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
@@ -69,12 +69,13 @@ def stat_signature(folder: Path) -> list:
 
 
 def fingerprint(folder: Path) -> str:
-    """SHA-256 over config.json and every weight file, in name order."""
+    """SHA-256 over the names and piecewise digests (``cache.tree_digest``) of config.json and every
+    weight file, in name order."""
     h = hashlib.sha256()
     for p in sorted(folder.iterdir()):
         if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES):
             h.update(p.name.encode())
-            h.update(file_digest(p).encode())
+            h.update(tree_digest(p).encode())  # pieces of each file hash in parallel
     return h.hexdigest()
 
 
