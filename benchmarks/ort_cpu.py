@@ -59,8 +59,10 @@ VARIANTS = {
     "ort-int4-b32-asym": RTN | {"block_size": 32, "accuracy_level": 4, "is_symmetric": False,
                                 "shared_embeddings": False},  # zero points, as the GGUF's Q4_1 blocks have minimums
     "ort-int4-b32-int8head": RTN | {"block_size": 32, "accuracy_level": 4, "lm_head": "int8"},
-    # the quickstart's path: GPTQ (64 x 256 tokens of builtin:prose) repacked into MatMulNBits, not re-quantized
+    # the GPTQ path: GPTQ (64 x 256 tokens of builtin:prose) repacked into MatMulNBits, not re-quantized;
+    # the quickstart's export adds the 8-bit head
     "ort-int4-gptq-g64": {"precision": "int4", "accuracy_level": 4, "compress": "gptq"},
+    "ort-int4-gptq-g64-int8head": {"precision": "int4", "accuracy_level": 4, "compress": "gptq", "lm_head": "int8"},
 }
 COMPRESS = {"gptq": '[calibration]\ndata = "builtin:prose"\nsamples = 64\nmax_seq_len = 256\n'
                     '[[compress]]\nmethod = "gptq"\nscheme = "W4A16"\ngroup_size = 64\nactorder = "weight"\n'

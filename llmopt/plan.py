@@ -244,6 +244,9 @@ def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:
     for stage in plan.stages:
         if stage.kind == "compress" and hasattr(stage.impl, "bits_per_weight"):
             bits = stage.impl.bits_per_weight(stage.options)
+    export = next((s for s in plan.stages if s.kind == "export"), None)
+    if bits is None and export is not None and hasattr(export.impl, "bits_per_weight"):
+        bits = export.impl.bits_per_weight(export.options)  # the export quantizes a float model itself
     before = estimates.weight_bytes(info, dtype)
     after = estimates.weight_bytes(info, dtype, bits)
     out: dict[str, Any] = {

@@ -185,3 +185,14 @@ def test_plan_keeps_gguf_blocks_only_where_they_apply(tmp_path, extra, reason):
     fine = write_recipe(tmp_path, 'schema_version = 1\nname = "g"\n[model]\nsource = "builtin:smollm2-135m"\n'
                         '[export]\nformat = "onnx"\ngguf_blocks = "keep"\n', name="fine.toml")
     assert not api.plan(fine, cache_dir=tmp_path / "cache").errors
+
+
+def test_plan_estimates_the_weights_an_int4_export_writes(tmp_path, tiny_model):
+    def estimate(body: str) -> dict:
+        recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + body)
+        return api.plan(recipe, cache_dir=tmp_path / "cache").estimates
+
+    fp32 = estimate('[export]\nformat = "onnx"\nprecision = "fp32"\n')
+    int4 = estimate('[export]\nformat = "onnx"\nprecision = "int4"\nblock_size = 32\n')
+    assert fp32["weight_bytes_after"] == fp32["weight_bytes_before"]
+    assert int4["weight_bytes_after"] < int4["weight_bytes_before"] and int4["compression_ratio"] > 1

@@ -106,6 +106,14 @@ class OnnxExport:
     requires = ("onnxruntime-genai", "onnxruntime", "onnx", "onnx-ir", "torch")
     extra = "ort"
 
+    def bits_per_weight(self, options: OnnxExportOptions) -> float | None:
+        """Decoder-linear bits when the builder quantizes: codes plus one float32 scale (and a 4-bit
+        zero point when asymmetric) per block; None for float precisions."""
+        if options.precision not in QUANTIZED:
+            return None
+        bits = 4 if options.precision == "int4" else 8
+        return bits + (32 + (0 if options.is_symmetric else bits)) / options.block_size
+
     def check(self, options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
         problems = [ctx.problem(f"builder_options may not set {key!r}; use the typed option", "builder_options")
                     for key in sorted(set(options.builder_options) & TYPED_KEYS)]
