@@ -87,7 +87,7 @@ def write_gguf(path: Path, linear_kind=QT.Q4_1) -> dict:
 def test_read_maps_names_and_restores_the_hugging_face_row_order(tmp_path):
     raw = write_gguf(tmp_path / "m.gguf")
     assert gl.problem(tmp_path / "m.gguf") is None
-    linears, others, meta = gl.read(tmp_path / "m.gguf")
+    linears, others, meta = gl.read(gl.open_gguf(tmp_path / "m.gguf"))
     assert meta == {"heads": HEADS, "kv_heads": KV_HEADS}
     assert set(linears) == {f"model.layers.0.{m}.weight" for m in gl.LAYER_LINEARS.values()}
     assert set(others) == {"model.embed_tokens.weight", "model.norm.weight"}

@@ -121,12 +121,20 @@ def unpermute_rows(x: np.ndarray, heads: int) -> np.ndarray:
     return x.reshape(heads, dim, 2, *x.shape[1:]).swapaxes(2, 1).reshape(x.shape)
 
 
-def read(path: Path) -> tuple[dict, dict, dict]:
-    """(linears, others, meta) of a llama GGUF file. linears: HF weight name -> (codes, d, m) with
-    rows in the Hugging Face order; others: HF name -> float32 array; meta: head counts."""
+def open_gguf(path: Path):
+    """The file's ``gguf.GGUFReader`` (memory-mapped). Parsing its header takes seconds for a
+    large vocabulary, so one export opens it once and hands the reader to every step below."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    return gguf.GGUFReader(path)
+
+
+def read(reader) -> tuple[dict, dict, dict]:
+    """(linears, others, meta) of a llama GGUF file (its reader). linears: HF weight name ->
+    (codes, d, m) with rows in the Hugging Face order; others: HF name -> float32 array; meta:
+    head counts."""
+    import gguf
+
 
     def field(key, default=None):
         f = reader.fields.get(key)
@@ -157,7 +165,7 @@ def read(path: Path) -> tuple[dict, dict, dict]:
     return linears, others, {"heads": heads, "kv_heads": kv_heads}
 
 
-def write_gptq_folder(gguf_file: Path, hf_dir: Path, dst: Path) -> tuple[dict, dict]:
+def write_gptq_folder(reader, hf_dir: Path, dst: Path) -> tuple[dict, dict]:
     """An AutoGPTQ folder (group 32, asymmetric) for the builder, from the GGUF blocks and the
     converted Hugging Face folder's config and tokenizer; returns (summary, residuals: linear
     name -> float32 [out, in/32], for Q4_1 linears).
@@ -168,7 +176,7 @@ def write_gptq_folder(gguf_file: Path, hf_dir: Path, dst: Path) -> tuple[dict, d
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    linears, others, _ = read(gguf_file)
+    linears, others, _ = read(reader)
     hf_tensors = {}
     for shard in sorted(hf_dir.glob("*.safetensors")):
         with safe_open(shard, "pt") as f:
@@ -293,22 +301,20 @@ def q8_blocks(raw: np.ndarray, rows: int, cols: int):
     return blocks[..., 2:].copy().view(np.int8).reshape(rows, cols), d
 
 
-def head_tensor(gguf_file: Path):
+def head_tensor(reader):
     """The GGUF tensor the LM head computes with: ``output.weight``, or the tied ``token_embd.weight``."""
-    import gguf
-
-    tensors = {t.name: t for t in gguf.GGUFReader(gguf_file).tensors}
+    tensors = {t.name: t for t in reader.tensors}
     return tensors.get("output.weight") or tensors["token_embd.weight"]
 
 
-def carry_q8_head(model_file: Path, gguf_file: Path) -> bool:
+def carry_q8_head(model_file: Path, reader) -> bool:
     """Write a Q8_0 LM head's own codes and scales over the builder's 8-bit ones (which use
     ``amax / 128`` where Q8_0 has ``amax / 127``). Same shapes, rewritten in place in the external
     data file; returns whether the head was carried."""
     import onnx
     from onnx import helper
 
-    tensor = head_tensor(gguf_file)
+    tensor = head_tensor(reader)
     if tensor.tensor_type.name != "Q8_0":
         return False
     model = onnx.load(model_file, load_external_data=False)
@@ -367,14 +373,14 @@ def node_weights(node, array) -> np.ndarray:
     return ((codes.reshape(n_out, blocks, -1) - zeros[..., None]) * scales[..., None]).reshape(n_out, k)
 
 
-def max_weight_error(model_file: Path, gguf_file: Path) -> dict:
+def max_weight_error(model_file: Path, reader) -> dict:
     """Largest |W_onnx - W_gguf| over the 4-bit linears (each MatMulNBits node plus its residual) and
     over a quantized LM head, against the GGUF tensors dequantized as llama.cpp does. Zero up to
     float32 rounding when the carry is exact."""
     import onnx
     from onnx import numpy_helper
 
-    linears, others, _ = read(gguf_file)
+    linears, others, _ = read(reader)
     model = onnx.load(model_file, load_external_data=False)
     base = str(model_file.parent)
     inits = {i.name: i for i in model.graph.initializer}

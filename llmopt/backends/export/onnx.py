@@ -153,7 +153,8 @@ class OnnxExport:
         work = ctx.out_dir / ".work"
         carry, _ = gguf_carry(options, ctx.recipe)
         if carry is not None:
-            source, quantized, residuals = prepare_gguf(carry, work, ctx)
+            reader = gguf_layout.open_gguf(carry)
+            source, quantized, residuals = prepare_gguf(carry, reader, work, ctx)
         else:
             (source, quantized), residuals = prepare_input(ctx.model_dir, options, work, ctx), None
         extra = builder_extra(options, quantized)
@@ -167,7 +168,7 @@ class OnnxExport:
                                              options.execution_provider, cache, extra)
         builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
         if carry is not None:
-            quantized |= finish_gguf(out / "model.onnx", carry, residuals, ctx)
+            quantized |= finish_gguf(out / "model.onnx", reader, residuals, ctx)
         copy_tokenizer_files(ctx.model_dir, out)
         tokenizer_fixed = fix_tokenizer_decoder(out / "tokenizer.json")
         tune_genai_config(out / "genai_config.json", options)
@@ -210,8 +211,9 @@ def gguf_carry(options: OnnxExportOptions, recipe) -> tuple[Path | None, str | N
     return (None, reason) if reason else (path, None)
 
 
-def prepare_gguf(path: Path, work: Path, ctx: StageContext):
-    """The AutoGPTQ folder of the GGUF's own blocks, its summary and the Q4_1 residual tables."""
+def prepare_gguf(path: Path, reader, work: Path, ctx: StageContext):
+    """The AutoGPTQ folder of the GGUF's own blocks (``reader``: the file, opened once), its summary
+    and the Q4_1 residual tables."""
     from llmopt.cache import file_digest
 
     expected = ctx.input_manifests["model"]["outputs"].get("gguf_sha256")
@@ -219,19 +221,19 @@ def prepare_gguf(path: Path, work: Path, ctx: StageContext):
         raise StageFailed(f"{path} changed since the source stage converted it", where=ctx.name,
                           fix="run again; the source stage converts the new file")
     ctx.progress(f"carrying the 4-bit blocks of {path.name} into MatMulNBits")
-    summary, residuals = gguf_layout.write_gptq_folder(path, ctx.model_dir, work / "gguf")
-    head = gguf_layout.head_tensor(path).tensor_type.name
+    summary, residuals = gguf_layout.write_gptq_folder(reader, ctx.model_dir, work / "gguf")
+    head = gguf_layout.head_tensor(reader).tensor_type.name
     summary |= {"from": "gguf", "repacked": True, "gguf_lm_head": head,
                 "lm_head": "float" if head in ("F32", "F16", "BF16") else "int8"}
     ctx.log.info("GGUF blocks: %s", summary)
     return work / "gguf", summary, residuals
 
 
-def finish_gguf(model_file: Path, path: Path, residuals: dict, ctx: StageContext) -> dict:
+def finish_gguf(model_file: Path, reader, residuals: dict, ctx: StageContext) -> dict:
     """Add the Q4_1 residual terms and the Q8_0 head to the built graph, then prove the weights exact."""
     added = gguf_layout.add_block_residuals(model_file, residuals) if residuals else {"nodes": 0}
-    head = gguf_layout.carry_q8_head(model_file, path)
-    error = gguf_layout.max_weight_error(model_file, path)
+    head = gguf_layout.carry_q8_head(model_file, reader)
+    error = gguf_layout.max_weight_error(model_file, reader)
     ctx.log.info("GGUF carry: residual nodes %s, Q8_0 head %s, weight error %s", added, head, error)
     tolerance = 1e-6 * max(error["max_abs_weight"], 1.0)
     if error["max_abs_error"] > tolerance or (head and error["lm_head_max_abs_error"] > tolerance):
