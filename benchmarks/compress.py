@@ -135,7 +135,7 @@ def child(mode: str, recipe: Path, out: Path, threads: int | None) -> None:
         torch.cuda.synchronize()
         extra["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     extra["work_s"] = round(time.monotonic() - started, 2)
-    from llmopt.runtimes.onnx import peak_rss_bytes  # the child's own VmHWM: wait4's ru_maxrss starts at the parent's
+    from llmopt.sysinfo import peak_rss_bytes  # the child's own VmHWM: wait4's ru_maxrss starts at the parent's
 
     extra["peak_rss_mib"] = round(peak_rss_bytes() / 2**20, 1)
     print("CHILD " + json.dumps(extra), flush=True)

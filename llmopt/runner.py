@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import platform
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from llmopt.backends.base import StageContext, pick_device
 from llmopt.errors import GateFailed, LlmoptError, RecipeError, StageFailed
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
+from llmopt.sysinfo import peak_rss_bytes
 
 QUIET_LIBRARIES = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -169,7 +169,7 @@ def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out
         "material": stage.material,
         "outputs": outputs,
         "timing": {"started": started.isoformat(), "seconds": round(seconds, 3)},
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
         "host": {"platform": platform.platform(), "python": platform.python_version(), "device": device},
     }
     cache.commit(stage.key, tmp, manifest)

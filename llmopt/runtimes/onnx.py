@@ -13,7 +13,6 @@ Needs: onnxruntime-genai (the ``ort`` extra), numpy.
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 
 from llmopt.backends.base import require
 from llmopt.errors import StageFailed
+from llmopt.sysinfo import peak_rss_bytes
 
 
 class OnnxRuntime:
@@ -175,14 +175,3 @@ def hf_bos_id(model_dir: Path) -> int | None:
     vocab = (tok.get("model") or {}).get("vocab")
     return int(vocab[bos]) if isinstance(vocab, dict) and bos in vocab else None
 
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory. Linux: VmHWM, which starts afresh at exec (ru_maxrss
-    keeps the parent's peak across fork and exec, so a worker process would report its parent's)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

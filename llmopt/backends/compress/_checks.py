@@ -14,12 +14,11 @@
 from __future__ import annotations
 
 import math
-import os
 import re
-from pathlib import Path
 
 from llmopt import calibration, estimates
 from llmopt.errors import Problem
+from llmopt.sysinfo import available_ram
 
 # Llama-style decoders: model.layers[i].{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -99,20 +98,6 @@ def group_size(ctx, size: int | None, ignore: list[str], key: str = "group_size"
 def _ignore_list(ignore: list[str], bad: dict[str, int]) -> str:
     entries = list(ignore) + [f"re:.*{name}$" for name in bad]
     return "[" + ", ".join(f'"{e}"' for e in entries) + "]"
-
-
-def available_ram() -> int | None:
-    """MemAvailable of this machine in bytes (Linux), else None."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def calibration_memory(ctx) -> list[Problem]:
