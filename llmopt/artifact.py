@@ -5,11 +5,14 @@ Layout::
     <output>/model/           the final model folder
     <output>/deploy/<engine>/ launch configs (when the recipe has [serve])
     <output>/reports/         report.json, report.md, junit.xml, per-example scores, run.log
-    <output>/manifest.json    provenance, metrics, verdicts, SHA-256 of every file
+    <output>/manifest.json    provenance, metrics, verdicts, the checksum of every file
     <output>/README.md        the compression card
 
 Everything is written into a temporary sibling folder and renamed into place, so
-an artifact folder is either the old one or the new one, never half of each.
+an artifact folder is either the old one or the new one, never half of each. The
+model's weight files are hard links to the stage cache's files where both are on
+one filesystem (``cache.place_tree``), copies otherwise. Checksums are BLAKE3 (what
+``b3sum`` prints) unless the recipe's ``[output] checksum`` says "sha256".
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import llmopt
 from llmopt import gate, registry, reports
 from llmopt.backends.base import versions
-from llmopt.cache import copy_tree_digests, file_digests, write_json
+from llmopt.cache import file_digests, place_tree, write_json
 from llmopt.plan import Plan
 
 
@@ -59,14 +62,18 @@ def assemble(plan: Plan, manifests: dict, log_path: Path) -> list[dict]:
     tmp.mkdir()
     try:
         model_stage = plan.final_model_stage
-        model_digests = copy_tree_digests(model_dir(plan, manifests[model_stage.name]), tmp / "model")
+        folder = model_dir(plan, manifests[model_stage.name])
+        # only the cache's own files are linked: a source folder read in place is the user's, and is copied
+        placed = place_tree(folder, tmp / "model", link=folder.resolve().is_relative_to(plan.cache.root.resolve()))
         gates = evaluate_gates(plan, manifests)
         deploy = write_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
         reports.write_all(tmp / "reports", plan, manifests, gates)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
-        manifest["files"] = checksums(tmp, {f"model/{name}": digest for name, digest in model_digests.items()})
+        manifest["linked"] = sorted(f"model/{name}" for name, how in placed.items() if how == "link")
+        manifest["checksum"] = plan.recipe.recipe.output.checksum
+        manifest["files"] = checksums(tmp, manifest["checksum"])
         write_json(tmp / "manifest.json", manifest)
         _swap_into_place(tmp, final)
     except BaseException:
@@ -121,13 +128,11 @@ def _machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version()}
 
 
-def checksums(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
-    """SHA-256 of every file under ``root`` but the manifest, by relative path; ``known`` digests
-    (taken while copying those files) are not computed again."""
-    known = known or {}
+def checksums(root: Path, algorithm: str = "blake3") -> dict[str, str]:
+    """The digest of every file under ``root`` but the manifest, by relative path."""
     files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != "manifest.json"]
-    todo = file_digests([p for p in files if str(p.relative_to(root)) not in known])
-    return {str(p.relative_to(root)): known.get(str(p.relative_to(root))) or todo[p] for p in files}
+    digests = file_digests(files, algorithm)
+    return {str(p.relative_to(root)): digests[p] for p in files}
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:

@@ -165,20 +165,9 @@ def run_stages(plan: Plan, out: Output, force: list[str] | None = None) -> tuple
         os.environ.setdefault(name, value)
     plan.cache.clean_stale()
     log_path, log = runner._open_log(plan)
-    manifests: dict[str, dict] = {}
-    records = []
-    device = pick_device()
     try:
-        for stage in plan.stages:
-            live = getattr(stage.options, "runtime", None) == "endpoint"
-            if plan.cache.has(stage.key) and not live and not runner.forced(stage, plan, force or []):
-                manifests[stage.name] = plan.cache.manifest(stage.key)
-                records.append(runner.StageRecord(stage.name, stage.key, "cached", 0.0, manifests[stage.name]["outputs"]))
-                out.info(f"[green]✓[/] {stage.name} [dim](cached {stage.key[:12]})[/]")
-                continue
-            record = runner._execute(stage, plan, manifests, log, out, device)
-            records.append(record)
-            out.info(f"[green]✓[/] {stage.name} [dim]({record.seconds:.1f}s)[/]")
+        manifests, records = runner.execute_stages(
+            plan, out, log, pick_device(), force, always=lambda stage: getattr(stage.options, "runtime", None) == "endpoint")
     finally:
         for handler in list(log.handlers):
             handler.close()

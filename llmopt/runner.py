@@ -2,6 +2,8 @@
 
 A stage writes into a temporary folder that is renamed into the cache when it is
 complete; libraries' prints and logs go to the run's log file, not the terminal.
+Work a stage defers (hashing a source's weights) runs in the background while the
+next stages run and joins the stage's manifest before the artifact is assembled.
 After the stages, the artifact is assembled in a temporary folder and renamed
 into place. An accuracy gate that fails raises ``GateFailed`` (exit 3) only after
 everything is written.
@@ -15,9 +17,11 @@ import os
 import platform
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from llmopt import artifact
 from llmopt.backends.base import StageContext, pick_device
@@ -52,6 +56,7 @@ class RunResult:
     artifact: Path
     gates: list[dict]
     log_path: Path
+    artifact_seconds: float = 0.0
 
     @property
     def gate_failed(self) -> bool:
@@ -98,30 +103,20 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
         out.warn(str(warning))
     for name, value in QUIET_LIBRARIES.items():
         os.environ.setdefault(name, value)
-    cache = plan.cache
-    cache.clean_stale()
+    plan.cache.clean_stale()
     log_path, log = _open_log(plan)
-    manifests: dict[str, dict] = {}
-    records: list[StageRecord] = []
-    device = pick_device()
     try:
-        for stage in plan.stages:
-            if cache.has(stage.key) and not forced(stage, plan, force or []):
-                manifests[stage.name] = cache.manifest(stage.key)
-                records.append(StageRecord(stage.name, stage.key, "cached", 0.0, manifests[stage.name]["outputs"]))
-                out.info(f"[green]✓[/] {stage.name} [dim](cached {stage.key[:12]})[/]")
-                log.info("stage %s: cached %s", stage.name, stage.key)
-                continue
-            record = _execute(stage, plan, manifests, log, out, device)
-            records.append(record)
-            out.info(f"[green]✓[/] {stage.name} [dim]({record.seconds:.1f}s)[/]")
+        manifests, records = execute_stages(plan, out, log, pick_device(), force)
         with out.status("assembling the artifact"):
+            t0 = time.monotonic()
             gates = artifact.assemble(plan, manifests, log_path)
+            artifact_seconds = time.monotonic() - t0
+            log.info("artifact: %s in %.1fs", plan.output_dir, artifact_seconds)
     finally:
         for handler in list(log.handlers):
             handler.close()
             log.removeHandler(handler)
-    result = RunResult(plan, records, plan.output_dir, gates, log_path)
+    result = RunResult(plan, records, plan.output_dir, gates, log_path, artifact_seconds)
     if result.gate_failed:
         failed = [g["name"] for g in gates if g["verdict"] == "fail"]
         err = GateFailed(f"accuracy gate failed: {', '.join(failed)}", where=str(plan.recipe.path),
@@ -131,7 +126,82 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     return result
 
 
-def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out: Output, device: str) -> StageRecord:
+@dataclass
+class _Pending:
+    """A stage whose deferred work (``StageContext.defer``) runs in the background, then seals it."""
+
+    stage: Stage
+    future: Future
+
+
+def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str, force: list[str] | None = None,
+                   always: Callable[[Stage], bool] = lambda stage: False) -> tuple[dict[str, dict], list[StageRecord]]:
+    """Each stage of the plan from the cache when its entry is whole, else run (``always``: stages
+    that run even when cached). Deferred work runs on one background thread while the next stages
+    run; every stage's manifest is written before this returns."""
+    cache = plan.cache
+    manifests: dict[str, dict] = {}
+    records: list[StageRecord] = []
+    pending: list[_Pending] = []
+    ran: dict[str, dict] = {}  # key -> manifest of the stages run here (one key may name two stages)
+    background = ThreadPoolExecutor(1, thread_name_prefix="llmopt-deferred")
+    try:
+        for stage in plan.stages:
+            if stage.key in ran:  # run a moment ago, perhaps still sealing: the same output
+                manifests[stage.name] = ran[stage.key]
+                records.append(StageRecord(stage.name, stage.key, "cached", 0.0, ran[stage.key]["outputs"]))
+                out.info(f"[green]✓[/] {stage.name} [dim](same as an earlier stage, {stage.key[:12]})[/]")
+                continue
+            state = cache.state(stage.key)
+            if state == "whole" and not always(stage) and not forced(stage, plan, force or []):
+                manifests[stage.name] = cache.manifest(stage.key)
+                records.append(StageRecord(stage.name, stage.key, "cached", 0.0, manifests[stage.name]["outputs"]))
+                out.info(f"[green]✓[/] {stage.name} [dim](cached {stage.key[:12]})[/]")
+                log.info("stage %s: cached %s", stage.name, stage.key)
+                continue
+            if state == "changed":
+                out.warn(f"the cached output of {stage.name} changed after it was written (a file linked into an "
+                         f"artifact and edited there?); running the stage again")
+                log.warning("stage %s: cache entry %s changed on disk; running again", stage.name, stage.key)
+            record = _execute(stage, plan, manifests, log, out, device, background, pending)
+            ran[stage.key] = manifests[stage.name]
+            records.append(record)
+            out.info(f"[green]✓[/] {stage.name} [dim]({record.seconds:.1f}s)[/]")
+        _settle(pending, plan, log)
+    except LlmoptError:
+        with contextlib.suppress(LlmoptError):  # finished stages stay cached (a converted source...)
+            _settle(pending, plan, log)
+        raise
+    finally:
+        background.shutdown(wait=False, cancel_futures=True)
+    return manifests, records
+
+
+def _settle(pending: list[_Pending], plan: Plan, log: logging.Logger) -> None:
+    """Wait until every stage with deferred work is sealed; a job that failed fails its stage."""
+    while pending:
+        item = pending.pop(0)
+        try:
+            item.future.result()
+        except Exception as exc:
+            log.exception("stage %s: deferred work failed", item.stage.name)
+            raise StageFailed(f"stage {item.stage.name} failed: {type(exc).__name__}: {exc}", where=str(plan.recipe.path),
+                              fix=f"the run log has the details: {_log_file(log)}") from exc
+
+
+def _finish(stage: Stage, manifest: dict, works: list[Callable[[], dict]], plan: Plan, log: logging.Logger) -> None:
+    """The deferred work of a stage, on the background thread: its outputs join the manifest, which is
+    then written, so the stage is an entry as soon as its work is done (a run killed later keeps it)."""
+    t0 = time.monotonic()
+    for work in works:
+        manifest["outputs"].update(work() or {})
+    manifest["timing"]["deferred_seconds"] = round(time.monotonic() - t0, 3)
+    plan.cache.seal(stage.key, manifest)
+    log.info("stage %s: deferred work done in %.1fs", stage.name, manifest["timing"]["deferred_seconds"])
+
+
+def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out: Output, device: str,
+             background: ThreadPoolExecutor, pending: list[_Pending]) -> StageRecord:
     cache = plan.cache
     inputs = {role: cache.path(plan.stage(name).key) for role, name in stage.inputs.items()}
     tmp = cache.begin(stage.key)
@@ -156,7 +226,7 @@ def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out
                 raise
             log.exception("stage %s failed", stage.name)
             raise StageFailed(f"stage {stage.name} failed: {type(exc).__name__}: {exc}", where=str(plan.recipe.path),
-                              fix=f"the run log has the details: {log.handlers[0].baseFilename}") from exc
+                              fix=f"the run log has the details: {_log_file(log)}") from exc
     seconds = time.monotonic() - t0
     manifest = {
         "schema_version": 1,
@@ -172,10 +242,19 @@ def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out
         "peak_rss_bytes": peak_rss_bytes(),
         "host": {"platform": platform.platform(), "python": platform.python_version(), "device": device},
     }
-    cache.commit(stage.key, tmp, manifest)
     manifests[stage.name] = manifest
-    log.info("stage %s: done in %.1fs", stage.name, seconds)
+    if ctx.deferred:
+        cache.commit(stage.key, tmp, None)  # downstream stages may read the folder; _finish seals it
+        pending.append(_Pending(stage, background.submit(_finish, stage, manifest, ctx.deferred, plan, log)))
+        log.info("stage %s: done in %.1fs; %d deferred job(s) running", stage.name, seconds, len(ctx.deferred))
+    else:
+        cache.commit(stage.key, tmp, manifest)
+        log.info("stage %s: done in %.1fs", stage.name, seconds)
     return StageRecord(stage.name, stage.key, "ran", seconds, outputs)
+
+
+def _log_file(log: logging.Logger) -> str:
+    return next((h.baseFilename for h in log.handlers if isinstance(h, logging.FileHandler)), "the run log")
 
 
 def _progress(update, log: logging.Logger):

@@ -1,7 +1,8 @@
-"""Verify an artifact against its manifest: recompute every file's SHA-256.
+"""Verify an artifact against its manifest: recompute every file's checksum.
 
-``manifest.json`` lists the SHA-256 of every file of the artifact except itself
-(``files``). ``verify_artifact`` recomputes them and reports the files whose content
+``manifest.json`` lists the checksum of every file of the artifact except itself
+(``files``), BLAKE3 or SHA-256 as its ``checksum`` says (SHA-256 when it says nothing:
+artifacts written before BLAKE3 became the default). ``verify_artifact`` recomputes them and reports the files whose content
 changed, the listed files that are missing and the files that are not listed (extra).
 The artifact is intact only when all three lists are empty. ``llmopt verify`` exits 0
 when it is, 1 when it is not (the check failed, like a failed stage), and 2 when the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmopt.cache import CHECKSUMS
 from llmopt.errors import EXIT_STAGE_FAILED, LlmoptError, UsageError
 
 
@@ -42,10 +44,13 @@ def verify_artifact(folder: str | Path) -> dict:
     try:
         manifest = json.loads(manifest_path.read_text())
         listed: dict[str, str] = dict(manifest["files"])
+        algorithm = manifest.get("checksum", "sha256")
+        if algorithm not in CHECKSUMS:
+            raise ValueError(f"unknown checksum {algorithm!r}")
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{manifest_path} is not a readable artifact manifest ({exc})", where=str(manifest_path),
                          fix="restore manifest.json from the original artifact") from None
-    actual = checksums(root)
+    actual = checksums(root, algorithm)
     changed = sorted(p for p, digest in listed.items() if p in actual and actual[p] != digest)
     missing = sorted(p for p in listed if p not in actual)
     extra = sorted(p for p in actual if p not in listed)
@@ -53,6 +58,7 @@ def verify_artifact(folder: str | Path) -> dict:
         "artifact": str(root),
         "recipe": (manifest.get("recipe") or {}).get("name"),
         "ok": not (changed or missing or extra),
+        "checksum": algorithm,
         "checked": len(listed),
         "changed": changed,
         "missing": missing,

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from llmopt import api
 
@@ -102,3 +101,51 @@ def test_stage_error_exits_1_and_commits_nothing(tiny_model, tmp_path, isolated_
     assert len(stages) == 1  # the source stage only
     assert not any((isolated_cache / "tmp").iterdir())
     assert not (tmp_path / "art").exists()
+
+
+def test_artifact_links_cached_weights_and_an_edit_through_the_link_reruns_the_stage(tiny_model, tmp_path, isolated_cache,
+                                                                                     monkeypatch):
+    from llmopt import cache
+    from llmopt.verify import verify_artifact
+
+    monkeypatch.setattr(cache, "LINK_MIN", 1)  # the tiny model's weights are far below 64 MiB
+    prune = '[[compress]]\nmethod = "prune_depth"\nlayers = 1\nprotect_first = 0\n'
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, prune))
+    out = tmp_path / "art"
+    first = api.run(recipe, output_dir=out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checksum"] == "blake3" and "model/model.safetensors" in manifest["linked"]
+    assert manifest["source"]["fingerprint"].startswith("blake3:")  # hashed in the background, there by the end
+    key = first.plan.stage("compress.0.prune_depth").key
+    weights = out / "model" / "model.safetensors"
+    assert weights.stat().st_ino == (isolated_cache / "stages" / key / "model" / "model.safetensors").stat().st_ino
+    assert verify_artifact(out)["ok"]
+    with open(weights, "r+b") as f:  # written in place through the artifact's link
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    assert not verify_artifact(out)["ok"] and first.plan.cache.state(key) == "changed"
+    second = api.run(recipe, output_dir=out)
+    assert {r.name: r.status for r in second.records}["compress.0.prune_depth"] == "ran"
+    assert {r.name: r.status for r in second.records}["source"] == "cached"
+    again = json.loads((out / "manifest.json").read_text())
+    assert again["files"]["model/model.safetensors"] == manifest["files"]["model/model.safetensors"]  # same pruning
+    assert verify_artifact(out)["ok"]
+
+
+def test_sha256_checksums_when_the_recipe_asks(tiny_model, tmp_path):
+    import hashlib
+
+    from llmopt.verify import verify_artifact
+
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, '[output]\nchecksum = "sha256"\n'))
+    out = tmp_path / "art"
+    api.run(recipe, output_dir=out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checksum"] == "sha256" and manifest["linked"] == []  # the source folder is the user's: copied
+    weights = (out / "model" / "model.safetensors").read_bytes()
+    assert manifest["files"]["model/model.safetensors"] == hashlib.sha256(weights).hexdigest()
+    report = verify_artifact(out)
+    assert report["ok"] and report["checksum"] == "sha256"

@@ -53,6 +53,13 @@ class StageContext:
     log: logging.Logger
     progress: Callable[[str], None] = lambda message: None
     device: str = "cpu"
+    deferred: list[Callable[[], dict]] = field(default_factory=list)
+
+    def defer(self, work: Callable[[], dict]) -> None:
+        """Run ``work`` after ``run`` returns, in the background while the next stages run; the dict it
+        returns joins the stage's outputs before its manifest is written. For provenance (hashing the
+        source's weights) that nothing downstream reads until the artifact."""
+        self.deferred.append(work)
 
     @property
     def model_dir(self) -> Path:

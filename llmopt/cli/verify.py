@@ -1,4 +1,4 @@
-"""llmopt verify: check an artifact's files against the SHA-256 sums in its manifest."""
+"""llmopt verify: check an artifact's files against the checksums in its manifest."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def verify(
     artifact: Annotated[Path, typer.Argument(help="Artifact folder (the one holding manifest.json).", show_default=False)],
     format: FormatOpt = "human",
 ) -> None:
-    """Recompute every file's SHA-256 and compare with manifest.json: changed, missing and extra files.
+    """Recompute every file's checksum (BLAKE3, or SHA-256 when the manifest says so) and compare with
+    manifest.json: changed, missing and extra files.
 
     Exits 0 when the artifact is untouched, 1 when any file differs, is missing or is not
     listed, 2 when the folder has no readable manifest.json.
@@ -38,7 +39,8 @@ def verify(
 
 def _show(console, report: dict) -> None:
     if report["ok"]:
-        console.print(f"[green]ok[/]: {report['artifact']}: {report['checked']} files match manifest.json")
+        console.print(f"[green]ok[/]: {report['artifact']}: {report['checked']} files match manifest.json "
+                      f"({report['checksum']})")
         return
     for kind, colour in (("changed", "red"), ("missing", "red"), ("extra", "yellow")):
         for path in report[kind]:

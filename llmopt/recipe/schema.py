@@ -156,6 +156,10 @@ class OutputSection(Section):
     cache_dir: str | None = Field(
         None, description="Stage cache (used when neither --cache-dir nor $LLMOPT_CACHE is given; default ~/.cache/llmopt)."
     )
+    checksum: Literal["blake3", "sha256"] = Field(
+        "blake3", description="Digest of every artifact file in manifest.json: blake3 (what `b3sum` prints; "
+        "hashed on every core) or sha256 (what `sha256sum` prints; one core per file, about 1 GB/s)."
+    )
 
 
 class Recipe(Section):

@@ -214,10 +214,10 @@ def gguf_carry(options: OnnxExportOptions, recipe) -> tuple[Path | None, str | N
 def prepare_gguf(path: Path, reader, work: Path, ctx: StageContext):
     """The AutoGPTQ folder of the GGUF's own blocks (``reader``: the file, opened once), its summary
     and the Q4_1 residual tables."""
-    from llmopt.cache import file_digest
+    from llmopt.cache import sha256_file
 
     expected = ctx.input_manifests["model"]["outputs"].get("gguf_sha256")
-    if expected and file_digest(path) != expected:
+    if expected and sha256_file(path) != expected:
         raise StageFailed(f"{path} changed since the source stage converted it", where=ctx.name,
                           fix="run again; the source stage converts the new file")
     ctx.progress(f"carrying the 4-bit blocks of {path.name} into MatMulNBits")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llmopt.backends.base import PlanContext, StageContext, require
 from llmopt.backends.source.hf import fingerprint
-from llmopt.cache import file_digest
+from llmopt.cache import sha256_file
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
@@ -85,4 +85,7 @@ class GGUFSource:
         out = ctx.out_dir / "model"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        return {"format": "hf", "model_dir": "model", "fingerprint": fingerprint(out), "gguf_sha256": file_digest(path)}
+        ctx.defer(lambda: {"fingerprint": fingerprint(out)})
+        # the file's SHA-256 (the hub's LFS id) is read downstream (the ONNX export checks the file it
+        # carries blocks from is the one converted here), so it is not deferred
+        return {"format": "hf", "model_dir": "model", "gguf_sha256": sha256_file(path)}

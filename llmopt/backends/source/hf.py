@@ -2,19 +2,19 @@
 
 A local folder is read in place (not copied); a hub id is downloaded with
 ``huggingface_hub`` (safetensors, configs and tokenizer files only, unless the
-recipe allows pickle). The stage records the model's fingerprint: the SHA-256 of
-its config and of every weight file. Needs: huggingface_hub for hub ids only.
+recipe allows pickle). The stage records the model's fingerprint: the BLAKE3 of
+its config and of every weight file, hashed in the background while the next
+stages run (``StageContext.defer``). Needs: huggingface_hub for hub ids only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from llmopt.backends.base import PlanContext, StageContext, require
-from llmopt.cache import tree_digest
+from llmopt.cache import blake3_file
 from llmopt.errors import Problem, StageFailed
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
@@ -69,14 +69,15 @@ def stat_signature(folder: Path) -> list:
 
 
 def fingerprint(folder: Path) -> str:
-    """SHA-256 over the names and piecewise digests (``cache.tree_digest``) of config.json and every
-    weight file, in name order."""
-    h = hashlib.sha256()
+    """``blake3:`` + the BLAKE3 over the names and BLAKE3 digests of config.json and every weight
+    file, in name order (each file hashed on every core)."""
+    import blake3
+
+    h = blake3.blake3()
     for p in sorted(folder.iterdir()):
         if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES):
-            h.update(p.name.encode())
-            h.update(tree_digest(p).encode())  # pieces of each file hash in parallel
-    return h.hexdigest()
+            h.update(p.name.encode() + b"\0" + blake3_file(p).encode() + b"\n")
+    return "blake3:" + h.hexdigest()
 
 
 @register("source", "hf")
@@ -112,5 +113,5 @@ class HuggingFaceSource:
         problems = folder_problems(folder, options)
         if problems:
             raise StageFailed(problems[0], where="source")
-        ctx.progress("fingerprinting weights")
-        return {"format": "hf", "model_dir": str(folder), "fingerprint": fingerprint(folder)}
+        ctx.defer(lambda: {"fingerprint": fingerprint(folder)})
+        return {"format": "hf", "model_dir": str(folder)}
