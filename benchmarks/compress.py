@@ -7,7 +7,8 @@ options and the same calibration rows:
   there is one), ``oneshot`` with the modifiers the llmopt backend builds, saved to a folder;
 * llmopt: ``llmopt run`` (``llmopt.api.run``, what the CLI calls) of a recipe with that
   folder as source and the one [[compress]] step, in a fresh stage cache: plan, source
-  fingerprint, compress stage, artifact with checksums.
+  fingerprint (hashed in the background during the compress stage), compress stage, artifact
+  (weights linked from the stage cache, BLAKE3 of every file).
 
 Measured per process: wall seconds from launch to exit (interpreter start and imports
 included on both sides), CPU seconds (``wait4``), peak RSS (the child's VmHWM), and on CUDA the peak GPU
@@ -120,8 +121,10 @@ def child_llmopt(recipe: Path, out: Path) -> dict:
     result = api.run(recipe, cache_dir=out / "cache", output_dir=out / "artifact")
     stage = [r for r in result.records if r.name.startswith("compress")][0]
     source = [r for r in result.records if r.name == "source"][0]
+    fingerprint = result.plan.cache.manifest(source.key)["timing"].get("deferred_seconds")
     return {"compress_stage_s": round(stage.seconds, 2), "library_s": stage.outputs.get("compress_seconds"),
-            "source_stage_s": round(source.seconds, 2)}
+            "source_stage_s": round(source.seconds, 2), "fingerprint_s": fingerprint,
+            "artifact_s": round(result.artifact_seconds, 2)}
 
 
 def child(mode: str, recipe: Path, out: Path, threads: int | None) -> None:
@@ -151,9 +154,9 @@ def measure(mode: str, recipe: Path, out: Path, threads: int | None) -> dict:
     cmd += ["--threads", str(threads)] if threads else []
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    stdout = proc.stdout.read()  # before waiting: a child that fills the pipe would otherwise block forever
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - started
-    stdout = proc.stdout.read()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} run failed (exit {proc.returncode}); run the child command by hand: {' '.join(cmd)}")
