@@ -189,12 +189,12 @@ def _settle(pending: list[_Pending], plan: Plan, log: logging.Logger) -> None:
                               fix=f"the run log has the details: {_log_file(log)}") from exc
 
 
-def _finish(stage: Stage, manifest: dict, works: list[Callable[[], dict]], plan: Plan, log: logging.Logger) -> None:
+def _finish(stage: Stage, manifest: dict, works: list[Callable[[Path], dict]], plan: Plan, log: logging.Logger) -> None:
     """The deferred work of a stage, on the background thread: its outputs join the manifest, which is
     then written, so the stage is an entry as soon as its work is done (a run killed later keeps it)."""
     t0 = time.monotonic()
     for work in works:
-        manifest["outputs"].update(work() or {})
+        manifest["outputs"].update(work(plan.cache.path(stage.key)) or {})
     manifest["timing"]["deferred_seconds"] = round(time.monotonic() - t0, 3)
     plan.cache.seal(stage.key, manifest)
     log.info("stage %s: deferred work done in %.1fs", stage.name, manifest["timing"]["deferred_seconds"])

@@ -149,3 +149,35 @@ def test_sha256_checksums_when_the_recipe_asks(tiny_model, tmp_path):
     assert manifest["files"]["model/model.safetensors"] == hashlib.sha256(weights).hexdigest()
     report = verify_artifact(out)
     assert report["ok"] and report["checksum"] == "sha256"
+
+
+def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_path):
+    import logging
+    from types import SimpleNamespace
+
+    from llmopt import cache, runner
+    from llmopt.output import Output
+
+    class Writer:
+        def run(self, options, ctx):
+            (ctx.out_dir / "model").mkdir()
+            (ctx.out_dir / "model" / "w.bin").write_bytes(b"abc")
+            ctx.defer(lambda folder: {"size": (folder / "model" / "w.bin").stat().st_size, "where": str(folder)})
+            return {"model_dir": "model"}
+
+    store = cache.Cache(tmp_path / "cache")
+    stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Writer(),
+                            options=SimpleNamespace(model_dump=lambda mode: {}), material={})
+    plan = SimpleNamespace(cache=store, stages=[stage], recipe=SimpleNamespace(path=tmp_path / "r.toml"),
+                           stage=lambda name: stage)
+    log = logging.getLogger("llmopt.test.deferred")
+    log.addHandler(logging.FileHandler(tmp_path / "run.log"))
+    try:
+        manifests, records = runner.execute_stages(plan, Output("quiet"), log, "cpu")
+    finally:
+        for handler in list(log.handlers):
+            handler.close()
+            log.removeHandler(handler)
+    sealed = store.manifest("k1")  # written by the background job, after the folder moved out of tmp/
+    assert sealed["outputs"] == {"model_dir": "model", "size": 3, "where": str(store.path("k1"))} == records[0].outputs
+    assert store.state("k1") == "whole" and sealed["timing"]["deferred_seconds"] >= 0

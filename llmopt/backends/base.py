@@ -53,12 +53,13 @@ class StageContext:
     log: logging.Logger
     progress: Callable[[str], None] = lambda message: None
     device: str = "cpu"
-    deferred: list[Callable[[], dict]] = field(default_factory=list)
+    deferred: list[Callable[[Path], dict]] = field(default_factory=list)
 
-    def defer(self, work: Callable[[], dict]) -> None:
-        """Run ``work`` after ``run`` returns, in the background while the next stages run; the dict it
-        returns joins the stage's outputs before its manifest is written. For provenance (hashing the
-        source's weights) that nothing downstream reads until the artifact."""
+    def defer(self, work: Callable[[Path], dict]) -> None:
+        """Run ``work(folder)`` after ``run`` returns, in the background while the next stages run;
+        ``folder`` is where ``out_dir`` is by then (its place in the cache), and the dict ``work``
+        returns joins the stage's outputs before its manifest is written. For provenance (hashing
+        weights) that nothing downstream reads until the artifact."""
         self.deferred.append(work)
 
     @property

@@ -85,7 +85,7 @@ class GGUFSource:
         out = ctx.out_dir / "model"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        ctx.defer(lambda: {"fingerprint": fingerprint(out)})
+        ctx.defer(lambda stage_folder: {"fingerprint": fingerprint(stage_folder / "model")})  # out_dir, now in the cache
         # the file's SHA-256 (the hub's LFS id) is read downstream (the ONNX export checks the file it
         # carries blocks from is the one converted here), so it is not deferred
         return {"format": "hf", "model_dir": "model", "gguf_sha256": sha256_file(path)}

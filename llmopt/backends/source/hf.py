@@ -113,5 +113,5 @@ class HuggingFaceSource:
         problems = folder_problems(folder, options)
         if problems:
             raise StageFailed(problems[0], where="source")
-        ctx.defer(lambda: {"fingerprint": fingerprint(folder)})
+        ctx.defer(lambda stage_folder: {"fingerprint": fingerprint(folder)})  # the source, read in place
         return {"format": "hf", "model_dir": str(folder)}
