@@ -1,9 +1,9 @@
 """Verify an artifact against its manifest: recompute every file's checksum.
 
 ``manifest.json`` lists the checksum of every file of the artifact except itself
-(``files``), BLAKE3 or SHA-256 as its ``checksum`` says (SHA-256 when it says nothing:
-artifacts written before BLAKE3 became the default). ``verify_artifact`` recomputes them and reports the files whose content
-changed, the listed files that are missing and the files that are not listed (extra).
+(``files``), BLAKE3 or SHA-256 as its ``checksum`` says (SHA-256 when it names none).
+``verify_artifact`` recomputes them and reports the files whose content changed, the
+listed files that are missing and the files that are not listed (extra).
 The artifact is intact only when all three lists are empty. ``llmopt verify`` exits 0
 when it is, 1 when it is not (the check failed, like a failed stage), and 2 when the
 folder is not an artifact (no or an unreadable manifest.json: bad usage).

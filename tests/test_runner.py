@@ -149,6 +149,9 @@ def test_sha256_checksums_when_the_recipe_asks(tiny_model, tmp_path):
     assert manifest["files"]["model/model.safetensors"] == hashlib.sha256(weights).hexdigest()
     report = verify_artifact(out)
     assert report["ok"] and report["checksum"] == "sha256"
+    del manifest["checksum"]  # a manifest that names no checksum is read as SHA-256
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_artifact(out)["ok"]
 
 
 def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_path):
