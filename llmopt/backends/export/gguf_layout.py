@@ -249,7 +249,7 @@ def add_block_residuals(model_file: Path, residuals: dict) -> dict:
 
     model = onnx.load(model_file, load_external_data=False)
     graph = model.graph
-    attrs = lambda node: {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = lambda node: {a.name: helper.get_attribute_value(a) for a in node.attribute}  # noqa: E731
     data_file = next((e.value for i in graph.initializer for e in i.external_data if e.key == "location"), None)
     block_sums: dict[str, str] = {}
     new_nodes: list[tuple[int, list]] = []
@@ -384,7 +384,7 @@ def max_weight_error(model_file: Path, reader) -> dict:
     model = onnx.load(model_file, load_external_data=False)
     base = str(model_file.parent)
     inits = {i.name: i for i in model.graph.initializer}
-    array = lambda name: numpy_helper.to_array(inits[name], base)
+    array = lambda name: numpy_helper.to_array(inits[name], base)  # noqa: E731
     out = {"nodes": 0, "max_abs_error": 0.0, "max_abs_weight": 0.0, "lm_head_max_abs_error": None}
     for node in model.graph.node:
         if node.op_type != "MatMulNBits":
