@@ -39,7 +39,7 @@ CHECKSUMS = ("blake3", "sha256")
 
 
 def sha256_file(path: Path) -> str:
-    """Plain SHA-256 of a file, as ``sha256sum`` prints it (one core: about 1 GB/s)."""
+    """Plain SHA-256 of a file, as ``sha256sum`` prints it (one core per file)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
@@ -52,9 +52,9 @@ MAP_WINDOW = 1 << 24  # 16 MiB
 
 def blake3_file(path: Path) -> str:
     """BLAKE3 of a file, as ``b3sum`` prints it. BLAKE3 is a tree hash: each 16 MiB window of the
-    file is memory-mapped and hashed on every core, without the GIL (2.7 GB/s on one core of this
-    project's CPU machine, 4.8 GB/s on its two), where SHA-256 of a single large weight file is one
-    core's work. Mapping a window at a time, not the file, keeps the process's resident set small."""
+    file is memory-mapped and hashed on every core, without the GIL, where SHA-256 of a single large
+    weight file is one core's work. Mapping a window at a time, not the file, keeps the process's
+    resident set small."""
     import blake3
 
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)

@@ -158,7 +158,7 @@ class OutputSection(Section):
     )
     checksum: Literal["blake3", "sha256"] = Field(
         "blake3", description="Digest of every artifact file in manifest.json: blake3 (what `b3sum` prints; "
-        "hashed on every core) or sha256 (what `sha256sum` prints; one core per file, about 1 GB/s)."
+        "hashed on every core) or sha256 (what `sha256sum` prints; one core per file, slower for large files)."
     )
 
 
