@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from llmopt import artifact
-from llmopt.backends.base import StageContext, pick_device
+from llmopt.backends.base import StageContext, collector_paused, pick_device
 from llmopt.errors import GateFailed, LlmoptError, RecipeError, StageFailed
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
@@ -304,7 +304,8 @@ def _quiet_libraries(log: logging.Logger):
 def _route_transformers() -> None:
     if "transformers" not in sys.modules:
         try:
-            import transformers  # noqa: F401  (imported here so its logs can be routed)
+            with collector_paused():
+                import transformers  # noqa: F401  (imported here so its logs can be routed)
         except ImportError:
             return
     from transformers.utils import logging as tlog

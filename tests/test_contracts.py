@@ -61,3 +61,26 @@ def test_plan_context_where_points_into_the_recipe(tmp_path):
     path.write_text('schema_version = 1\nname = "x"\n[model]\nsource = "a/b"\n[[eval]]\nname = "p"\nkind = "perplexity"\nwindow = 64\n')
     ctx = PlanContext(recipe=load_recipe(path), step=("eval", 0))
     assert ctx.where("window") == f"{path}:8: eval[0].window"
+
+
+def test_require_pauses_the_collector_while_importing(tmp_path, monkeypatch):
+    import gc
+
+    from llmopt.backends.base import require
+    from llmopt.errors import MissingExtra
+
+    (tmp_path / "llmopt_probe_module.py").write_text("import gc\nCOLLECTING = gc.isenabled()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "llmopt_probe_module", raising=False)
+    assert gc.isenabled()
+    assert require("llmopt_probe_module", "compress", "a test").COLLECTING is False
+    assert gc.isenabled()  # resumed after the import
+    with pytest.raises(MissingExtra):
+        require("llmopt_no_such_module", "compress", "a test")
+    assert gc.isenabled()  # and after a failed one
+    gc.disable()
+    try:
+        require("json", "core", "a test")
+        assert not gc.isenabled()  # a collector the caller paused stays paused
+    finally:
+        gc.enable()

@@ -5,6 +5,8 @@ Backends never inherit behaviour; they use these plain dataclasses and functions
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
 import logging
 from dataclasses import dataclass, field
@@ -76,9 +78,29 @@ class StageContext:
 def require(module: str, extra: str, needed_by: str, package: str | None = None):
     """Import ``module`` or raise MissingExtra (exit 4) naming the extra to install."""
     try:
-        return importlib.import_module(module)
+        with collector_paused():
+            return importlib.import_module(module)
     except ImportError:
         raise MissingExtra(package or module, extra, needed_by) from None
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """CPython's cyclic garbage collector paused for the block, for importing the large libraries.
+
+    Importing torch, transformers and a compression library creates hundreds of thousands of
+    objects that live as long as the process and almost no cyclic garbage, yet each full
+    collection on the way walks every object made so far (``benchmarks/compress.py`` reports
+    the collector's seconds per run; docs/benchmarks.md). Reference counting still frees what
+    the imports drop; the collector resumes (if it was running) when the block ends."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def package_version(dist: str) -> str | None:
