@@ -47,14 +47,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-MAP_WINDOW = 1 << 24  # 16 MiB
+MAP_WINDOW = 1 << 26  # 64 MiB
 
 
 def blake3_file(path: Path) -> str:
-    """BLAKE3 of a file, as ``b3sum`` prints it. BLAKE3 is a tree hash: each 16 MiB window of the
+    """BLAKE3 of a file, as ``b3sum`` prints it. BLAKE3 is a tree hash: each 64 MiB window of the
     file is memory-mapped and hashed on every core, without the GIL, where SHA-256 of a single large
     weight file is one core's work. Mapping a window at a time, not the file, keeps the process's
-    resident set small."""
+    resident set small; the window is large enough that a background hash, which takes the GIL
+    back after every window, waits for it rarely while the main thread runs Python
+    (benchmarks/hashing.py; docs/benchmarks.md)."""
     import blake3
 
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
