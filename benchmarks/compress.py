@@ -1,18 +1,26 @@
 """llmopt's compress stage against the same llm-compressor call written directly.
 
-Both sides run in a fresh Python process per repeat, on the same model folder, the same
-options and the same calibration rows:
+Both sides run in a fresh Python process per repeat, one after the other (which goes first
+alternates from repeat to repeat), on the same model folder, the same options and the same
+calibration rows:
 
-* direct: ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` (to the GPU when
-  there is one), ``oneshot`` with the modifiers the llmopt backend builds, saved to a folder;
+* direct: the script an engineer writes with llm-compressor alone (it imports no llmopt):
+  ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained`` (to the GPU when there is
+  one), the calibration text tokenized and cut into rows, ``oneshot`` with a recipe file,
+  saved to a folder. The recipe file holds the modifiers the llmopt backend builds (written
+  by llm-compressor before timing starts); the rows must hash to what llmopt cuts, and the
+  two checkpoints' ``quantization_config`` must be equal, or the benchmark stops;
 * llmopt: ``llmopt run`` (``llmopt.api.run``, what the CLI calls) of a recipe with that
   folder as source and the one [[compress]] step, in a fresh stage cache: plan, source
   fingerprint (hashed in the background during the compress stage), compress stage, artifact
   (weights linked from the stage cache, BLAKE3 of every file).
 
 Measured per process: wall seconds from launch to exit (interpreter start and imports
-included on both sides), CPU seconds (``wait4``), peak RSS (the child's VmHWM), and on CUDA the peak GPU
-memory. Printed as JSON lines, then a summary line with medians and llmopt / direct ratios.
+included on both sides), CPU seconds (``wait4``), peak RSS (the child's VmHWM), the seconds
+CPython's cyclic garbage collector ran (``gc_s``, from ``gc.callbacks``), and on CUDA the peak GPU
+memory. Printed as JSON lines, then a summary line with medians, llmopt / direct ratios and
+the median of the per-repeat differences. llmopt's modules are compiled to bytecode first
+(as ``pip install`` leaves them), so no run pays for compiling them.
 
     python benchmarks/compress.py                          # demo model on this CPU: fp8 and gptq
     python benchmarks/compress.py --methods rtn --repeats 5
@@ -26,6 +34,8 @@ Llama-3-8B with a 49152 vocabulary) once under ``--work`` with the demo tokenize
 from __future__ import annotations
 
 import argparse
+import compileall
+import hashlib
 import json
 import os
 import shutil
@@ -36,10 +46,10 @@ import time
 from pathlib import Path
 
 SHAPES = {
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=49152, tie_word_embeddings=False),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=49152, tie_word_embeddings=True),
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "vocab_size": 49152, "tie_word_embeddings": False},
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "vocab_size": 49152, "tie_word_embeddings": True},
 }
 # the demo model's 576-wide layers need group 64; the GPU shapes take the usual 128
 METHODS = {
@@ -84,35 +94,80 @@ def recipe_text(folder: Path, name: str, method: str, options: dict, samples: in
             f'[[compress]]\nmethod = "{method}"\n{opts}')
 
 
-def child_direct(recipe: Path, out: Path) -> dict:
-    """The library call an engineer would write: load, oneshot, save."""
-    import torch
-    from llmcompressor import oneshot
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def direct_inputs(recipe: Path, name: str, work: Path) -> Path:
+    """What the direct side's script is given, prepared here (untimed) from the llmopt recipe so both sides
+    run the same thing: the modifiers as an llm-compressor recipe file (written by llm-compressor from the
+    modifiers the llmopt backend builds), the model folder, the pipeline, the seed, and, for methods that
+    calibrate, the calibration documents in llmopt's seeded order with the digest of the rows llmopt cuts."""
+    from llmcompressor.recipe import Recipe
+    from transformers import AutoTokenizer
 
-    from llmopt import calibration, registry
+    from llmopt import calibration, data, registry
     from llmopt.backends.compress._llmcompressor import resolve_pipeline
     from llmopt.recipe import load_recipe
 
     loaded = load_recipe(recipe)
-    folder = loaded.recipe.model.source
+    section = loaded.recipe.calibration
     backend = registry.get("compress", loaded.recipe.compress[0].method)
     options = loaded.options_for("compress", 0)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    modifiers = sys.modules[backend.__module__].build(options)
+    yaml_path = work / f"direct-{name}.yaml"
+    Recipe.from_modifiers(modifiers).yaml(file_path=str(yaml_path))
+    spec = {"folder": str(loaded.recipe.model.source), "recipe": str(yaml_path), "seed": section.seed,
+            "pipeline": resolve_pipeline(getattr(options, "pipeline", "auto"), backend.calibrates)}
+    if backend.calibrates:
+        tokenizer = AutoTokenizer.from_pretrained(spec["folder"])
+        rows = calibration.token_rows(section, tokenizer, recipe.parent)
+        spec.update(samples=section.samples, seq_len=section.max_seq_len, rows_digest=rows_digest(rows.rows),
+                    texts=calibration.ordered_texts(data.load_texts(section.data, section.text_field, recipe.parent),
+                                                    section.seed))
+    path = work / f"direct-{name}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def rows_digest(rows: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def quant_digest(model_dir: Path) -> str:
+    """The checkpoint's quantization_config (config.json), hashed: equal on both sides or the run is void."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return hashlib.sha256(json.dumps(config.get("quantization_config"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def child_direct(spec_path: Path, out: Path) -> dict:
+    """The script an engineer would write with llm-compressor alone (no llmopt import): load the tokenizer
+    and model, tokenize the calibration text into rows, ``oneshot`` with the recipe file, save."""
+    import torch
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = json.loads(spec_path.read_text())
+    tokenizer = AutoTokenizer.from_pretrained(spec["folder"])
+    model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=torch.bfloat16)
     if torch.cuda.is_available():
         model.to("cuda")
     kwargs = {}
-    if backend.calibrates:
-        rows = calibration.token_rows(loaded.recipe.calibration, tokenizer)
-        kwargs = dict(dataset=calibration.as_dataset(rows), num_calibration_samples=len(rows.rows),
-                      max_seq_length=rows.seq_len, shuffle_calibration_samples=False)
-    pipeline = resolve_pipeline(getattr(options, "pipeline", "auto"), backend.calibrates)
-    if pipeline is not None:  # the same pipeline llmopt picks
-        kwargs["pipeline"] = pipeline
-    recipe_modifiers = sys.modules[backend.__module__].build(options)
-    oneshot(model=model, processor=tokenizer, recipe=recipe_modifiers, output_dir=str(out), **kwargs)
-    return {}
+    if spec.get("texts"):
+        from datasets import Dataset
+
+        stream: list[int] = []
+        for text in spec["texts"]:  # documents joined by EOS, cut into rows of seq_len tokens
+            stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            if len(stream) >= spec["samples"] * spec["seq_len"]:
+                break
+        seq = spec["seq_len"]
+        rows = [stream[i:i + seq] for i in range(0, len(stream) - seq + 1, seq)][:spec["samples"]]
+        if rows_digest(rows) != spec["rows_digest"]:
+            raise SystemExit("the direct side's calibration rows differ from llmopt's")
+        kwargs = {"dataset": Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * seq for _ in rows]}),
+                      "num_calibration_samples": len(rows), "max_seq_length": seq, "shuffle_calibration_samples": False}
+    if spec["pipeline"] is not None:  # the same pipeline llmopt picks
+        kwargs["pipeline"] = spec["pipeline"]
+    torch.manual_seed(spec["seed"])
+    oneshot(model=model, processor=tokenizer, recipe=spec["recipe"], output_dir=str(out / "model"), **kwargs)
+    return {"quant": quant_digest(out / "model")}
 
 
 def child_llmopt(recipe: Path, out: Path) -> dict:
@@ -123,39 +178,66 @@ def child_llmopt(recipe: Path, out: Path) -> dict:
     plan = api.plan(recipe, cache_dir=out / "cache", output_dir=out / "artifact")  # what api.run does, in two steps
     planned = time.monotonic()
     result = runner.run_plan(plan)
-    stage = [r for r in result.records if r.name.startswith("compress")][0]
-    source = [r for r in result.records if r.name == "source"][0]
+    stage = next(r for r in result.records if r.name.startswith("compress"))
+    source = next(r for r in result.records if r.name == "source")
     fingerprint = result.plan.cache.manifest(source.key)["timing"].get("deferred_seconds")
     return {"compress_stage_s": round(stage.seconds, 2), "library_s": stage.outputs.get("compress_seconds"),
             "source_stage_s": round(source.seconds, 2), "fingerprint_s": fingerprint,
             "artifact_s": round(result.artifact_seconds, 2), "import_s": round(imported - started, 2),
-            "plan_s": round(planned - imported, 2)}
+            "plan_s": round(planned - imported, 2), "quant": quant_digest(result.artifact / "model")}
 
 
-def child(mode: str, recipe: Path, out: Path, threads: int | None) -> None:
+def peak_rss_bytes() -> int:
+    """This process's VmHWM (wait4's ru_maxrss would start at the parent's peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def collector_seconds() -> list[float]:
+    """A running total of the seconds CPython's cyclic garbage collector spends, from now on."""
+    import gc
+
+    total, began = [0.0], [0.0]
+
+    def tally(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            total[0] += time.perf_counter() - began[0]
+
+    gc.callbacks.append(tally)
+    return total
+
+
+def child(mode: str, given: Path, out: Path, threads: int | None) -> None:
+    collected = collector_seconds()
     import torch
 
     if threads:
         torch.set_num_threads(threads)  # llmopt's side reads LLMOPT_CPU_THREADS, set by the parent
     started = time.monotonic()
-    extra = (child_direct if mode == "direct" else child_llmopt)(recipe, out)
+    extra = (child_direct if mode == "direct" else child_llmopt)(given, out)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         extra["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     extra["work_s"] = round(time.monotonic() - started, 2)
-    from llmopt.sysinfo import peak_rss_bytes  # the child's own VmHWM: wait4's ru_maxrss starts at the parent's
-
+    extra["gc_s"] = round(collected[0], 2)
     extra["peak_rss_mib"] = round(peak_rss_bytes() / 2**20, 1)
     print("CHILD " + json.dumps(extra), flush=True)
 
 
-def measure(mode: str, recipe: Path, out: Path, threads: int | None) -> dict:
-    """Run one side in a fresh process; wall, CPU seconds and peak RSS from the kernel."""
+def measure(mode: str, given: Path, out: Path, threads: int | None) -> dict:
+    """Run one side in a fresh process (``given``: the recipe, or the direct side's inputs); wall and CPU
+    seconds from the kernel, the rest from the child."""
     shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if threads:
         env["LLMOPT_CPU_THREADS"] = str(threads)
-    cmd = [sys.executable, __file__, "--child", mode, "--recipe", str(recipe), "--out", str(out)]
+    cmd = [sys.executable, __file__, "--child", mode, "--recipe", str(given), "--out", str(out)]
     cmd += ["--threads", str(threads)] if threads else []
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -172,9 +254,15 @@ def measure(mode: str, recipe: Path, out: Path, threads: int | None) -> dict:
 
 
 def summarise(method: str, runs: dict) -> dict:
-    med = {side: {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "cpu_s", "peak_rss_mib")}
+    digests = {r["quant"] for rows in runs.values() for r in rows}
+    if len(digests) != 1:
+        raise SystemExit(f"{method}: the two sides wrote different quantization_config ({sorted(digests)})")
+    med = {side: {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "cpu_s", "gc_s", "peak_rss_mib")}
            for side, rows in runs.items()}
+    pairs = [b["wall_s"] - a["wall_s"] for a, b in zip(runs["direct"], runs["llmopt"])]
     return {"method": method, "repeats": len(runs["direct"]), "median": med,
+            "median_pair_diff_s": round(statistics.median(pairs), 2),
+            "llmopt_faster_pairs": sum(d < 0 for d in pairs),
             "ratio_wall": round(med["llmopt"]["wall_s"] / med["direct"]["wall_s"], 3),
             "ratio_cpu": round(med["llmopt"]["cpu_s"] / med["direct"]["cpu_s"], 3),
             "ratio_rss": round(med["llmopt"]["peak_rss_mib"] / med["direct"]["peak_rss_mib"], 3)}
@@ -200,16 +288,22 @@ def main() -> None:
         return child(args.child, Path(args.recipe), Path(args.out), args.threads)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    import llmopt
+
+    # llmopt's modules as compiled bytecode, as `pip install` leaves them: with PYTHONDONTWRITEBYTECODE set
+    # (or a read-only checkout) each llmopt child would otherwise compile them from source on every run
+    compileall.compile_dir(Path(llmopt.__file__).parent, quiet=1)
     folder = demo_folder(work) if args.shape == "demo" else random_folder(args.shape, work, args.tokenizer)
     for name in args.methods.split(","):
         method, options = METHODS[name]
         options = GPU_OPTIONS.get(name, options) if args.shape != "demo" else options
         recipe = work / f"{name}.toml"
         recipe.write_text(recipe_text(folder, name, method, options, args.samples, args.seq_len))
+        given = {"direct": direct_inputs(recipe, name, work), "llmopt": recipe}
         runs = {"direct": [], "llmopt": []}
         for repeat in range(args.repeats):
-            for side in ("direct", "llmopt"):  # alternated, so drifting load hits both alike
-                row = measure(side, recipe, work / f"run-{side}", args.threads)
+            for side in ("direct", "llmopt")[::1 if repeat % 2 == 0 else -1]:  # alternated, in turn first
+                row = measure(side, given[side], work / f"run-{side}", args.threads)
                 runs[side].append(row)
                 print(json.dumps({"shape": args.shape, "method": name, "side": side, "repeat": repeat, **row}),
                       flush=True)
