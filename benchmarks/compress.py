@@ -18,8 +18,9 @@ calibration rows:
 Measured per process: wall seconds from launch to exit (interpreter start and imports
 included on both sides), CPU seconds (``wait4``), peak RSS (the child's VmHWM), the seconds
 CPython's cyclic garbage collector ran (``gc_s``, from ``gc.callbacks``), and on CUDA the peak GPU
-memory. Printed as JSON lines, then a summary line with medians, llmopt / direct ratios and
-the median of the per-repeat differences. llmopt's modules are compiled to bytecode first
+memory. Printed as JSON lines, then a summary line with medians, llmopt / direct ratios (wall
+time's with a 95% bootstrap interval over the repeats) and the median of the per-repeat
+differences; ``--pool`` summarises saved output of several runs together. llmopt's modules are compiled to bytecode first
 (as ``pip install`` leaves them), so no run pays for compiling them.
 
     python benchmarks/compress.py                          # demo model on this CPU: fp8 and gptq
@@ -38,6 +39,7 @@ import compileall
 import hashlib
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -254,18 +256,55 @@ def measure(mode: str, given: Path, out: Path, threads: int | None) -> dict:
 
 
 def summarise(method: str, runs: dict) -> dict:
-    digests = {r["quant"] for rows in runs.values() for r in rows}
+    """Medians per side, their ratios with a 95% bootstrap interval for wall time, and the per-repeat
+    differences; ``runs[side][i]`` are repeat i's two processes."""
+    digests = {r.get("quant") for rows in runs.values() for r in rows}
     if len(digests) != 1:
-        raise SystemExit(f"{method}: the two sides wrote different quantization_config ({sorted(digests)})")
-    med = {side: {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "cpu_s", "gc_s", "peak_rss_mib")}
-           for side, rows in runs.items()}
-    pairs = [b["wall_s"] - a["wall_s"] for a, b in zip(runs["direct"], runs["llmopt"])]
-    return {"method": method, "repeats": len(runs["direct"]), "median": med,
-            "median_pair_diff_s": round(statistics.median(pairs), 2),
-            "llmopt_faster_pairs": sum(d < 0 for d in pairs),
+        raise SystemExit(f"{method}: the two sides wrote different quantization_config ({sorted(map(str, digests))})")
+    med = {side: {k: median_of(rows, k) for k in ("wall_s", "cpu_s", "gc_s", "peak_rss_mib")} for side, rows in runs.items()}
+    pairs = [(a["wall_s"], b["wall_s"]) for a, b in zip(runs["direct"], runs["llmopt"])]
+    return {"method": method, "repeats": len(pairs), "median": med,
+            "median_pair_diff_s": round(statistics.median(b - a for a, b in pairs), 2),
+            "llmopt_faster_pairs": sum(b < a for a, b in pairs),
             "ratio_wall": round(med["llmopt"]["wall_s"] / med["direct"]["wall_s"], 3),
+            "ratio_wall_95": bootstrap_ratio(pairs),
             "ratio_cpu": round(med["llmopt"]["cpu_s"] / med["direct"]["cpu_s"], 3),
             "ratio_rss": round(med["llmopt"]["peak_rss_mib"] / med["direct"]["peak_rss_mib"], 3)}
+
+
+def median_of(rows: list[dict], key: str) -> float | None:
+    """The median of ``key`` over the rows that have it (output saved before a field existed lacks it)."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def bootstrap_ratio(pairs: list[tuple[float, float]], resamples: int = 4000, seed: int = 0) -> list[float]:
+    """95% percentile interval of median(llmopt) / median(direct), the repeats resampled as pairs."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        drawn = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(statistics.median(b for _, b in drawn) / statistics.median(a for a, _ in drawn))
+    ratios.sort()
+    return [round(ratios[int(0.025 * resamples)], 3), round(ratios[int(0.975 * resamples) - 1], 3)]
+
+
+def pool(files: list[str]) -> None:
+    """One summary per shape and method over the repeats of earlier runs (their JSON lines)."""
+    groups: dict[tuple, dict] = {}
+    for path in files:
+        rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.startswith("{") and '"side"' in x]
+        for shape, method in sorted({(r["shape"], r["method"]) for r in rows}):
+            runs = groups.setdefault((shape, method), {"direct": [], "llmopt": [], "files": 0})
+            runs["files"] += 1
+            mine = {(r["side"], r["repeat"]): r for r in rows if (r["shape"], r["method"]) == (shape, method)}
+            for repeat in sorted({k[1] for k in mine}):
+                if ("direct", repeat) in mine and ("llmopt", repeat) in mine:
+                    runs["direct"].append(mine["direct", repeat])
+                    runs["llmopt"].append(mine["llmopt", repeat])
+    for (shape, method), runs in groups.items():
+        files_read = runs.pop("files")
+        print(json.dumps({"shape": shape, "pooled_runs": files_read, **summarise(method, runs)}), flush=True)
 
 
 def main() -> None:
@@ -279,6 +318,8 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/llmopt-bench-compress")
     parser.add_argument("--tokenizer", help="tokenizer folder for the random shapes (default: the demo model's, "
                         "converted from its GGUF)")
+    parser.add_argument("--pool", nargs="+", metavar="JSONL", help="summarise the repeats of earlier runs "
+                        "(their saved output) together, one line per shape and method; runs nothing")
     parser.add_argument("--child", choices=["direct", "llmopt"], help=argparse.SUPPRESS)
     parser.add_argument("--recipe", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -286,6 +327,8 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.child:
         return child(args.child, Path(args.recipe), Path(args.out), args.threads)
+    if args.pool:
+        return pool(args.pool)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     import llmopt
