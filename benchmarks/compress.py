@@ -164,7 +164,7 @@ def child_direct(spec_path: Path, out: Path) -> dict:
         if rows_digest(rows) != spec["rows_digest"]:
             raise SystemExit("the direct side's calibration rows differ from llmopt's")
         kwargs = {"dataset": Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * seq for _ in rows]}),
-                      "num_calibration_samples": len(rows), "max_seq_length": seq, "shuffle_calibration_samples": False}
+                  "num_calibration_samples": len(rows), "max_seq_length": seq, "shuffle_calibration_samples": False}
     if spec["pipeline"] is not None:  # the same pipeline llmopt picks
         kwargs["pipeline"] = spec["pipeline"]
     torch.manual_seed(spec["seed"])
