@@ -118,7 +118,8 @@ def pick_device(requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     try:
-        import torch
+        with collector_paused():
+            import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     except ImportError:
