@@ -24,13 +24,6 @@ import time
 from pathlib import Path
 
 
-def vm_hwm() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def blake3_populated(path: Path, window: int) -> str:
     """The candidate: ``blake3_file``'s loop with each window populated by the mapping call."""
     import blake3
@@ -47,15 +40,16 @@ def blake3_populated(path: Path, window: int) -> str:
 
 def child(kind: str, window_mib: int, files: list[Path]) -> None:
     from llmopt import cache
+    from llmopt.sysinfo import peak_rss_bytes
 
     cache.MAP_WINDOW = window_mib << 20
     hash_one = {"blake3": cache.blake3_file, "sha256": cache.sha256_file,
                 "populate": lambda p: blake3_populated(p, cache.MAP_WINDOW)}[kind]
-    before = vm_hwm()
+    before = peak_rss_bytes()
     started = time.perf_counter()
     digests = [hash_one(p) for p in files]
     seconds = time.perf_counter() - started
-    print(json.dumps({"seconds": round(seconds, 3), "rss_growth_mib": round((vm_hwm() - before) / 2**20, 1),
+    print(json.dumps({"seconds": round(seconds, 3), "rss_growth_mib": round((peak_rss_bytes() - before) / 2**20, 1),
                       "digest": digests[0][:16]}))
 
 

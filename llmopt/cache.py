@@ -203,7 +203,7 @@ def place_tree(src: Path, dst: Path, link: bool = True) -> dict[str, str]:
     A link costs nothing where a copy of an 8.5 GB checkpoint costs seconds and the space twice.
     The cache's stage manifests record each file's size and modification time, and a stage whose
     files changed (a linked weight file written in place) is run again rather than reused
-    (``Cache.has``), so an edited artifact cannot poison the cache."""
+    (``Cache.state``), so an edited artifact cannot poison the cache."""
     placed = {}
     for path in sorted(src.rglob("*")):
         target = dst / path.relative_to(src)
