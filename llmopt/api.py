@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from llmopt import registry
-from llmopt.backends.base import package_version
+from llmopt.libraries import package_version
 from llmopt.catalog.gpus import CATALOG
 from llmopt.errors import UsageError
 from llmopt.output import Output

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import llmopt
 from llmopt import gate, registry, reports
-from llmopt.backends.base import versions
+from llmopt.libraries import versions
 from llmopt.cache import file_digests, place_tree, write_json
 from llmopt.plan import Plan
 

@@ -81,7 +81,7 @@ def token_rows(calibration, tokenizer, base: Path | None = None, where: str = "c
 
 def as_dataset(rows: CalibrationRows):
     """A ``datasets.Dataset`` with ``input_ids`` and ``attention_mask`` (what llm-compressor's oneshot takes)."""
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
 
     hf_datasets = require("datasets", "compress", "calibration data")
     return hf_datasets.Dataset.from_dict(

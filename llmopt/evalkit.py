@@ -75,7 +75,7 @@ def tokenizer_of(model, model_dir: Path):
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None and hasattr(tokenizer, "apply_chat_template"):
         return tokenizer
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
 
     transformers = require("transformers", "core", "chat templates")
     return transformers.AutoTokenizer.from_pretrained(model_dir)

@@ -25,7 +25,8 @@ from pydantic import ValidationError
 
 from llmopt import artifact, gate, registry, reports, runner
 from llmopt import data as datasets
-from llmopt.backends.base import PlanContext, pick_device
+from llmopt.backends.base import PlanContext
+from llmopt.libraries import pick_device
 from llmopt.backends.source.gguf import gguf_path, is_gguf
 from llmopt.cache import Cache
 from llmopt.errors import GateFailed, RecipeError, UsageError

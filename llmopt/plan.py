@@ -18,7 +18,8 @@ from pydantic import BaseModel
 import llmopt
 from llmopt import data as datasets
 from llmopt import estimates, registry
-from llmopt.backends.base import PlanContext, versions
+from llmopt.backends.base import PlanContext
+from llmopt.libraries import versions
 from llmopt.backends.source.gguf import gguf_path, is_gguf
 from llmopt.backends.source.hf import is_hub_id, local_folder
 from llmopt.cache import Cache, stage_key

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from llmopt import artifact
-from llmopt.backends.base import StageContext, collector_paused, pick_device
+from llmopt.backends.base import StageContext
+from llmopt.libraries import collector_paused, pick_device
 from llmopt.errors import GateFailed, LlmoptError, RecipeError, StageFailed
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage

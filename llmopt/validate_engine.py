@@ -89,7 +89,7 @@ def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None,
 
 
 def _load_yaml(path: Path) -> dict:
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
 
     yaml = require("yaml", "deploy", "checking launch configs", package="pyyaml")
 

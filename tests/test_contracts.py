@@ -66,7 +66,7 @@ def test_plan_context_where_points_into_the_recipe(tmp_path):
 def test_require_pauses_the_collector_while_importing(tmp_path, monkeypatch):
     import gc
 
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
     from llmopt.errors import MissingExtra
 
     (tmp_path / "llmopt_probe_module.py").write_text("import gc\nCOLLECTING = gc.isenabled()\n")

@@ -90,7 +90,7 @@ def load_records(spec: str, base: Path | None = None, text_field: str = "text") 
 
 
 def _load_hub(spec: str) -> list[dict]:
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
 
     datasets = require("datasets", "compress", f"data {spec!r}")
     parts = spec.split(":")[1:]

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmopt.backends.base import require
+from llmopt.libraries import require
 
 MOUNT = "/artifact"
 SHM_GIB = 16  # /dev/shm for NCCL and the engines' worker processes

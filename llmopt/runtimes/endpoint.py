@@ -24,7 +24,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from llmopt.backends.base import require
+from llmopt.libraries import require
 from llmopt.errors import StageFailed
 
 LOGPROB_FIX = ("serve the model with an engine whose completions API echoes prompt log-probabilities "

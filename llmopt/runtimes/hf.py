@@ -9,7 +9,7 @@ import inspect
 from pathlib import Path
 from typing import Iterator
 
-from llmopt.backends.base import require
+from llmopt.libraries import require
 
 
 class TransformersRuntime:

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from llmopt.backends.base import require
+from llmopt.libraries import require
 from llmopt.errors import StageFailed
 
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "k_scale", "v_scale")

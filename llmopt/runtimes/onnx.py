@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from llmopt.backends.base import require
+from llmopt.libraries import require
 from llmopt.errors import StageFailed
 from llmopt.sysinfo import peak_rss_bytes
 

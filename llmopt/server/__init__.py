@@ -18,7 +18,7 @@ __all__ = ["ServedModel", "bind", "create_app", "load_model", "serve"]
 
 
 def create_app(served: ServedModel, max_queue: int = 16):
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
 
     require("fastapi", "serve", "llmopt serve")
     from llmopt.server.app import create_app as build
@@ -41,7 +41,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(served: ServedModel, sock: socket.socket, max_queue: int = 16, log_level: str = "info") -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish."""
-    from llmopt.backends.base import require
+    from llmopt.libraries import require
 
     uvicorn = require("uvicorn", "serve", "llmopt serve")
     config = uvicorn.Config(create_app(served, max_queue), log_level=log_level, timeout_graceful_shutdown=30)

@@ -20,7 +20,7 @@ from typing import Callable, Literal
 from pydantic import Field
 
 from llmopt import calibration
-from llmopt.backends.base import require
+from llmopt.libraries import require
 from llmopt.backends.compress._common import copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from llmopt import calibration
-from llmopt.backends.base import require
+from llmopt.libraries import require
 from llmopt.backends.compress import _checks
 from llmopt.backends.compress._common import copy_tokenizer_files
 from llmopt.errors import Problem, StageFailed

@@ -17,7 +17,8 @@ import dataclasses
 
 from pydantic import Field
 
-from llmopt.backends.base import Options, PlanContext, StageContext, require
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.libraries import require
 from llmopt.backends.compress import _checks, _prune
 from llmopt.backends.compress._common import folder_bytes
 from llmopt.errors import Problem, StageFailed

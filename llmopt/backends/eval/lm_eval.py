@@ -28,7 +28,8 @@ from pydantic import Field
 
 from llmopt import data as datasets
 from llmopt import evalkit
-from llmopt.backends.base import Options, PlanContext, StageContext, package_version, require
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.libraries import package_version, require
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 

@@ -25,7 +25,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from llmopt import registry
-from llmopt.backends.base import Options, PlanContext, StageContext, require
+from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.libraries import require
 from llmopt.backends.export import gguf_layout, gptq_layout, onnx_verify
 from llmopt.backends.source.gguf import gguf_path, is_gguf
 from llmopt.errors import Problem, StageFailed

@@ -21,7 +21,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt.backends.base import Options, PlanContext, package_version
+from llmopt.backends.base import Options, PlanContext
+from llmopt.libraries import package_version
 from llmopt.deploy import compat, files
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register

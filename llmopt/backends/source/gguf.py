@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from llmopt.backends.base import PlanContext, StageContext, require
+from llmopt.backends.base import PlanContext, StageContext
+from llmopt.libraries import require
 from llmopt.backends.source.hf import fingerprint
 from llmopt.cache import sha256_file
 from llmopt.errors import Problem, StageFailed, UsageError

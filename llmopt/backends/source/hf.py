@@ -13,7 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from llmopt.backends.base import PlanContext, StageContext, require
+from llmopt.backends.base import PlanContext, StageContext
+from llmopt.libraries import require
 from llmopt.cache import blake3_file
 from llmopt.errors import Problem, StageFailed
 from llmopt.recipe.schema import ModelSection
