@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import llmopt
-from llmopt import gate, registry, reports
+from llmopt import reports
 from llmopt.libraries import versions
 from llmopt.cache import file_digests, place_tree, write_json
 from llmopt.plan import Plan
@@ -35,25 +35,9 @@ def model_dir(plan: Plan, manifest: dict) -> Path:
     return where if where.is_absolute() else plan.cache.path(manifest["key"]) / where
 
 
-def evaluate_gates(plan: Plan, manifests: dict) -> list[dict]:
-    gates = []
-    for item in plan.recipe.recipe.eval:
-        b = manifests[f"eval.{item.name}.baseline"]
-        c = manifests[f"eval.{item.name}.candidate"]
-        scores = b["outputs"].get("scores", "scores.jsonl")
-        comparison = gate.compare(
-            b["outputs"]["metric"],
-            gate.read_scores(plan.cache.path(b["key"]) / scores),
-            gate.read_scores(plan.cache.path(c["key"]) / scores),
-            item.confidence,
-        )
-        record = gate.judge(item, comparison, b["outputs"].get("higher_is_better", True))
-        record["baseline_stage"], record["candidate_stage"] = b["key"], c["key"]
-        gates.append(record)
-    return gates
-
-
-def assemble(plan: Plan, manifests: dict, log_path: Path) -> list[dict]:
+def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> dict:
+    """The artifact from the finished stages: the final model, the deploy stage's configs, the
+    reports and the manifest; returns report.json's content."""
     final = plan.output_dir
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
@@ -61,35 +45,50 @@ def assemble(plan: Plan, manifests: dict, log_path: Path) -> list[dict]:
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        model_stage = plan.final_model_stage
-        folder = model_dir(plan, manifests[model_stage.name])
+        folder = model_dir(plan, manifests[plan.final_model_stage.name])
         # only the cache's own files are linked: a source folder read in place is the user's, and is copied
         placed = place_tree(folder, tmp / "model", link=folder.resolve().is_relative_to(plan.cache.root.resolve()))
-        gates = evaluate_gates(plan, manifests)
-        deploy = write_deploy(plan, manifests, tmp)
+        deploy = place_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
-        reports.write_all(tmp / "reports", plan, manifests, gates)
+        report = reports.write_all(tmp / "reports", plan, manifests, gates)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
         manifest["linked"] = sorted(f"model/{name}" for name, how in placed.items() if how == "link")
         manifest["checksum"] = plan.recipe.recipe.output.checksum
         manifest["files"] = checksums(tmp, manifest["checksum"])
         write_json(tmp / "manifest.json", manifest)
+        readable(tmp)
         _swap_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return gates
+    return report
 
 
-def write_deploy(plan: Plan, manifests: dict, root: Path) -> dict:
-    serve = plan.recipe.recipe.serve
-    if serve is None:
+def write_reports(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> dict:
+    """An eval's reports (report.json, report.md, junit.xml, scores, run.log) in the plan's output folder."""
+    report = reports.write_all(plan.output_dir, plan, manifests, gates)
+    shutil.copy2(log_path, plan.output_dir / "run.log")
+    return report
+
+
+def place_deploy(plan: Plan, manifests: dict, root: Path) -> dict:
+    """The deploy stage's launch configs copied to ``deploy/<engine>/``; its outputs (or {})."""
+    stage = next(iter(plan.kind("deploy")), None)
+    if stage is None:
         return {}
-    backend = registry.get("serve", serve.backend)()
-    folder = root / "deploy" / serve.backend
-    folder.mkdir(parents=True)
-    return backend.render(plan.recipe.options_for("serve", None), plan, root / "model", folder) or {}
+    shutil.copytree(plan.cache.path(stage.key), root / "deploy" / stage.backend,
+                    ignore=shutil.ignore_patterns("manifest.json"))
+    return manifests[stage.name]["outputs"]
+
+
+def readable(root: Path) -> None:
+    """Artifact files readable by everyone (0644; scripts 0755): a container or another user serves them."""
+    for path in root.rglob("*"):
+        if path.is_dir():
+            path.chmod(0o755)
+        elif path.is_file() and not path.is_symlink():
+            path.chmod(0o755 if path.suffix == ".sh" else 0o644)
 
 
 def build_manifest(plan: Plan, manifests: dict, gates: list[dict], deploy: dict) -> dict:

@@ -1,8 +1,11 @@
 """Turn a recipe into a plan: ordered stages with cache keys, checks and estimates.
 
-The plan reads config.json (or a GGUF header), never weights, so it is cheap and
-runs before any GPU time is spent. Every backend's ``check`` runs here, and the
-rules that span stages live in ``cross_stage_rules``.
+One planner for every command: ``llmopt run`` plans the whole pipeline (source,
+compress, export, evals, gate, deploy), ``llmopt eval`` a scope of it (the source, or
+another baseline, scored alone or against a candidate, and the gate). The plan reads
+config.json (or a GGUF header), never weights, so it is cheap and runs before any GPU
+time is spent. Every backend's ``check`` runs here, and the rules that span stages
+live in ``cross_stage_rules``.
 """
 
 from __future__ import annotations
@@ -24,15 +27,16 @@ from llmopt.backends.source.gguf import gguf_path, is_gguf
 from llmopt.backends.source.hf import is_hub_id, local_folder
 from llmopt.cache import Cache, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
-from llmopt.errors import Problem
+from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder, from_gguf
 from llmopt.recipe.load import LoadedRecipe
+from llmopt.stages import DeployStage, GateStage, gate_options
 
 
 @dataclass
 class Stage:
     name: str
-    kind: str  # source | compress | export | eval
+    kind: str  # source | compress | export | eval | gate | deploy
     backend: str
     step: tuple  # where it is in the recipe: ("compress", 0)
     options: BaseModel
@@ -40,9 +44,15 @@ class Stage:
     material: dict = field(default_factory=dict)  # what its cache key hashes
     key: str = ""
     role: str = ""  # eval stages: baseline | candidate
+    volatile: bool = False  # runs even when cached: scores through an endpoint, or reads such a stage
+    pinned: str = ""  # the key of a finished cache entry this stage stands for (an artifact's model)
 
     @property
     def impl(self) -> Any:
+        if self.kind == "gate":
+            return GateStage()
+        if self.kind == "deploy":
+            return DeployStage(self.backend)
         return registry.get(self.kind, self.backend)()
 
     def to_dict(self, cache: Cache) -> dict:
@@ -66,7 +76,8 @@ class Plan:
     gpu: GPU | None
     estimates: dict
     cache: Cache
-    output_dir: Path
+    output_dir: Path  # the artifact (scope "run") or the reports folder (scope "eval")
+    scope: str = "run"  # run: every stage and the artifact; eval: sources, evals and the gate, then reports
 
     @property
     def errors(self) -> list[Problem]:
@@ -75,6 +86,9 @@ class Plan:
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
 
+    def kind(self, kind: str) -> list[Stage]:
+        return [s for s in self.stages if s.kind == kind]
+
     @property
     def final_model_stage(self) -> Stage:
         return [s for s in self.stages if s.kind in ("source", "compress", "export")][-1]
@@ -82,6 +96,7 @@ class Plan:
     def to_dict(self) -> dict:
         return {
             "recipe": {"name": self.recipe.recipe.name, "path": str(self.recipe.path), "sha256": self.recipe.digest},
+            "scope": self.scope,
             "stages": [s.to_dict(self.cache) for s in self.stages],
             "checks": [p.to_dict() for p in self.problems],
             "estimates": self.estimates,
@@ -92,10 +107,20 @@ class Plan:
         }
 
 
-def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None) -> Plan:
+def resolve_cache(cache_dir: str | Path | None, loaded: LoadedRecipe) -> Cache:
+    """The stage cache: ``--cache-dir``, else ``$LLMOPT_CACHE``, else the recipe's ``output.cache_dir``,
+    else ``~/.cache/llmopt``. Every command resolves it here."""
+    return Cache(cache_dir or os.environ.get("LLMOPT_CACHE") or loaded.recipe.output.cache_dir)
+
+
+def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None, *,
+               scope: str = "run", baseline: str | Path | None = None, candidate: str | None = None,
+               endpoint: str | None = None) -> Plan:
+    """The plan of ``llmopt run`` (scope "run") or of ``llmopt eval`` (scope "eval": the recipe's source, or
+    ``baseline``, scored alone or against ``candidate``, a model or artifact folder or an endpoint URL;
+    ``endpoint``: score the source through that server)."""
     recipe = loaded.recipe
-    base = loaded.path.parent
-    cache = Cache(cache_dir or os.environ.get("LLMOPT_CACHE") or recipe.output.cache_dir)
+    cache = resolve_cache(cache_dir, loaded)
     gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None
     problems: list[Problem] = []
     if recipe.target.gpu and gpu is None:
@@ -105,66 +130,187 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
             get_gpu(recipe.target.gpu)
         except Exception as exc:  # UsageError naming the catalogue
             problems.append(Problem(exc.what, loaded.where("target", "gpu"), exc.fix))
-    info = model_facts(loaded, problems)
-    stages: list[Stage] = []
-    ctx = lambda step, **kw: PlanContext(recipe=loaded, step=step, model=info, gpu=gpu, **kw)  # noqa: E731
-
-    source = Stage("source", "source", "gguf" if is_gguf(recipe.model.source) else "hf", ("model",), recipe.model)
-    problems += source.impl.check(recipe.model, ctx(("model",)))
-    source.material = {"source": source.impl.fingerprint(recipe.model, base)}
-    stages.append(source)
-
-    model_stage = source
-    upstream: list[str] = []
-    for index, step in enumerate(recipe.compress):
-        options = loaded.options_for("compress", index)
-        stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
-                      {"model": model_stage.name})
-        impl = stage.impl
-        problems += impl.check(options, ctx(("compress", index), upstream=list(upstream)))
-        if getattr(impl, "calibrates", False):
-            stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
-            stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, base)
-        if info is not None and hasattr(impl, "transform_info"):
-            info = impl.transform_info(options, info)
-        stages.append(stage)
-        upstream.append(step.method)
-        model_stage = stage
-
-    if recipe.export.format != "hf":
-        options = loaded.options_for("export", None)
-        stage = Stage(f"export.{recipe.export.format}", "export", recipe.export.format, ("export",), options,
-                      {"model": model_stage.name})
-        problems += stage.impl.check(options, ctx(("export",), upstream=list(upstream)))
-        stages.append(stage)
-        model_stage = stage
-
-    for index, item in enumerate(recipe.eval):
-        options = loaded.options_for("eval", index)
-        impl = registry.get("eval", item.kind)()
-        problems += impl.check(options, ctx(("eval", index), upstream=list(upstream)))
-        data_spec = getattr(options, "data", None)
-        digest = datasets.digest(data_spec, base) if isinstance(data_spec, str) else None
-        for role, target in (("baseline", source), ("candidate", model_stage)):
-            stage = Stage(f"eval.{item.name}.{role}", "eval", item.kind, ("eval", index), options,
-                          {"model": target.name}, {"data_sha256": digest}, role=role)
-            stages.append(stage)
-
-    if recipe.serve is not None:
-        options = loaded.options_for("serve", None)
-        problems += registry.get("serve", recipe.serve.backend)().check(options, ctx(("serve",), upstream=list(upstream)))
-
-    problems += cross_stage_rules(loaded, stages, info, gpu)
+    info = model_facts(loaded, problems) if baseline is None else folder_facts(Path(baseline))
+    builder = _Builder(loaded, problems, info, gpu, cache)
+    section = recipe.model if baseline is None else recipe.model.model_copy(update={"source": str(Path(baseline).resolve())})
+    source = builder.source("source", section)
+    if scope == "run":
+        target = builder.model_stages(source)
+        builder.evals(source, target)
+        builder.gate()
+        builder.deploy(target)
+    else:
+        target = builder.candidate(candidate, source)
+        builder.evals(source, target, endpoint=endpoint if candidate is None else None,
+                      served=candidate if is_url(candidate) else None)
+        builder.gate()
+    stages = builder.stages
+    if scope == "run":
+        problems += cross_stage_rules(loaded, stages, builder.info, gpu)
     assign_keys(stages)
-    out = Path(output_dir or recipe.output.dir or Path("artifacts") / recipe.name)
-    plan = Plan(loaded, stages, problems, info, gpu, {}, cache, out)
-    plan.estimates = plan_estimates(plan, info)
+    default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
+    out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
+    plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
+    plan.estimates = plan_estimates(plan, info) if scope == "run" else {}
     return plan
+
+
+def is_url(text: str | None) -> bool:
+    return bool(text) and str(text).startswith(("http://", "https://"))
+
+
+class _Builder:
+    """Appends the stages of a plan in order, running each backend's ``check`` as it goes."""
+
+    def __init__(self, loaded: LoadedRecipe, problems: list[Problem], info: ModelInfo | None, gpu: GPU | None,
+                 cache: Cache):
+        self.loaded, self.problems, self.info, self.gpu, self.cache = loaded, problems, info, gpu, cache
+        self.stages: list[Stage] = []
+        self.upstream: list[str] = []  # the compress methods so far
+
+    def ctx(self, step: tuple, **kw) -> PlanContext:
+        return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
+                           **kw)
+
+    def add(self, stage: Stage) -> Stage:
+        self.stages.append(stage)
+        return stage
+
+    def source(self, name: str, section) -> Stage:
+        stage = Stage(name, "source", "gguf" if is_gguf(section.source) else "hf", ("model",), section)
+        self.problems += stage.impl.check(section, self.ctx(("model",)))
+        stage.material = {"source": stage.impl.fingerprint(section, self.loaded.path.parent)}
+        return self.add(stage)
+
+    def model_stages(self, source: Stage) -> Stage:
+        """The compress steps and the export, in recipe order; returns the last model stage."""
+        recipe, loaded, model_stage = self.loaded.recipe, self.loaded, source
+        for index, step in enumerate(recipe.compress):
+            options = loaded.options_for("compress", index)
+            stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
+                          {"model": model_stage.name})
+            impl = stage.impl
+            self.problems += impl.check(options, self.ctx(("compress", index)))
+            if getattr(impl, "calibrates", False):
+                stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
+                stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, loaded.path.parent)
+            if self.info is not None and hasattr(impl, "transform_info"):
+                self.info = impl.transform_info(options, self.info)
+            self.upstream.append(step.method)
+            model_stage = self.add(stage)
+        if recipe.export.format != "hf":
+            options = loaded.options_for("export", None)
+            stage = Stage(f"export.{recipe.export.format}", "export", recipe.export.format, ("export",), options,
+                          {"model": model_stage.name})
+            self.problems += stage.impl.check(options, self.ctx(("export",)))
+            model_stage = self.add(stage)
+        return model_stage
+
+    def candidate(self, candidate: str | None, source: Stage) -> Stage | None:
+        """What ``llmopt eval --candidate`` scores: a finished artifact's model stage from the cache, a
+        model or artifact folder read in place, or (an endpoint URL) the source's tokenizer."""
+        if candidate is None:
+            return None
+        if is_url(candidate):
+            return source
+        pinned = pinned_stage(Path(candidate), self.cache)
+        if pinned is not None:
+            return self.add(pinned)
+        folder = model_folder(Path(candidate))
+        return self.source("candidate", self.loaded.recipe.model.model_copy(update={"source": str(folder)}))
+
+    def evals(self, source: Stage, target: Stage | None, endpoint: str | None = None, served: str | None = None):
+        """Each [[eval]] on the baseline and the candidate (``target``), or on the source alone."""
+        loaded = self.loaded
+        for index, item in enumerate(loaded.recipe.eval):
+            options = loaded.options_for("eval", index)
+            spec = getattr(options, "data", None)
+            digest = datasets.digest(spec, loaded.path.parent) if isinstance(spec, str) else None
+            if target is None:
+                roles = [(f"eval.{item.name}", "", source, endpoint)]
+            else:
+                roles = [(f"eval.{item.name}.baseline", "baseline", source, None),
+                         (f"eval.{item.name}.candidate", "candidate", target, served)]
+            for name, role, model_stage, url in roles:
+                opts = options if url is None else served_options(options, url, item)
+                self.problems += registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index)))
+                self.add(Stage(name, "eval", item.kind, ("eval", index), opts, {"model": model_stage.name},
+                               {"data_sha256": digest}, role=role, volatile=url is not None))
+
+    def gate(self) -> None:
+        """One gate stage over every eval's baseline and candidate, when there is a candidate."""
+        evals = [s for s in self.stages if s.kind == "eval" and s.role]
+        if not evals:
+            return
+        inputs = {f"{s.name.split('.', 1)[1]}": s.name for s in evals}  # "<eval>.<role>" -> stage
+        self.add(Stage("gate", "gate", "paired", ("eval",), gate_options(self.loaded.recipe.eval), inputs,
+                       volatile=any(s.volatile for s in evals)))
+
+    def deploy(self, model_stage: Stage) -> None:
+        """The serve backend's launch configs for the final model; its plan-time checks and what it accepts."""
+        serve = self.loaded.recipe.serve
+        if serve is None:
+            return
+        options = self.loaded.options_for("serve", None)
+        self.problems += registry.get("serve", serve.backend)().check(options, self.ctx(("serve",)))
+        recipe = self.loaded.recipe
+        facts = {"name": recipe.name, "model": recipe.model.model_dump(mode="json"),
+                 "serve": serve.model_dump(mode="json"), "target": recipe.target.model_dump(mode="json")}
+        self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options,
+                       {"model": model_stage.name}, {"recipe": facts}))
+
+
+def served_options(options, url: str, item):
+    """The eval's options scoring through the endpoint at ``url``."""
+    if "endpoint" not in type(options).model_fields:
+        raise UsageError(f"eval {item.name!r} ({item.kind}) cannot score a model through an endpoint",
+                         fix="drop --endpoint, or evaluate the model folder instead")
+    return options.model_copy(update={"runtime": "endpoint", "endpoint": url})
+
+
+def model_folder(path: Path) -> Path:
+    """The model folder of an artifact folder (its ``model/``), or the folder itself."""
+    path = path.expanduser().resolve()
+    if (path / "manifest.json").is_file() and (path / "model").is_dir():
+        return path / "model"
+    return path
+
+
+class Pinned(BaseModel):
+    artifact: str
+
+
+def pinned_stage(path: Path, cache: Cache) -> Stage | None:
+    """The final model stage of the artifact at ``path`` as a cache entry, when the cache holds it whole and
+    the artifact's model files still match its manifest; None otherwise (the folder is then read in place)."""
+    from llmopt.server.model import manifest_format
+    from llmopt.verify import verify_artifact
+
+    path = path.expanduser().resolve()
+    if not (path / "manifest.json").is_file():
+        return None
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        stages = [s for s in manifest["stages"] if (s.get("outputs") or {}).get("format")]
+        last = stages[-1]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not cache.has(last["key"]) or manifest_format({"outputs": last["outputs"]}) is None:
+        return None
+    report = verify_artifact(path)
+    if any(p.startswith("model/") for p in report["changed"] + report["missing"] + report["extra"]):
+        return None
+    stage = Stage("candidate", "pinned", last.get("backend", ""), ("model",), Pinned(artifact=str(path)),
+                  pinned=last["key"])
+    return stage
 
 
 def assign_keys(stages: list[Stage]) -> None:
     keys: dict[str, str] = {}
     for stage in stages:
+        if stage.pinned:
+            stage.key = keys[stage.name] = stage.pinned
+            continue
         impl = stage.impl
         material = {
             "kind": stage.kind,
@@ -178,6 +324,16 @@ def assign_keys(stages: list[Stage]) -> None:
         }
         stage.material = material
         stage.key = keys[stage.name] = stage_key(material)
+
+
+def folder_facts(path: Path) -> ModelInfo | None:
+    """Config facts of a model folder or GGUF file given on the command line, or None."""
+    try:
+        if is_gguf(str(path)):
+            return from_gguf(path) if path.is_file() else None
+        return from_folder(path) if (path / "config.json").is_file() else None
+    except Exception:  # facts only sharpen checks; the stages report real problems
+        return None
 
 
 def model_facts(loaded: LoadedRecipe, problems: list[Problem]) -> ModelInfo | None:

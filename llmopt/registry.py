@@ -8,8 +8,9 @@ A backend is a class registered with ``@register(kind, name)``. It declares:
   cache keys), and ``extra``: the llmopt extra that installs them;
 * ``check(options, ctx) -> list[Problem]``: plan-time checks, no heavy imports;
 * ``run(options, ctx) -> dict``: does the work, writes into ``ctx.out_dir`` and
-  returns metrics (serve backends instead ``render(options, plan, model_dir,
-  folder) -> dict``, writing the engine's launch configs).
+  returns metrics (serve backends instead ``render(options, ctx) -> dict``, writing
+  the engine's launch configs for the model at ``ctx.model_dir`` into ``ctx.out_dir``;
+  the plan runs it as its deploy stage).
 
 Built-ins come from the explicit list in ``llmopt.backends``; third-party backends
 from the ``llmopt.backends`` entry-point group. Duplicate names raise.

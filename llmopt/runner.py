@@ -1,12 +1,13 @@
 """Run a plan: each stage from the cache when its key is there, else executed.
 
+The one runner of ``llmopt run`` and ``llmopt eval``: one start-up, one log, one cache.
 A stage writes into a temporary folder that is renamed into the cache when it is
 complete; libraries' prints and logs go to the run's log file, not the terminal.
 Work a stage defers (hashing a source's weights) runs in the background while the
-next stages run and joins the stage's manifest before the artifact is assembled.
-After the stages, the artifact is assembled in a temporary folder and renamed
-into place. An accuracy gate that fails raises ``GateFailed`` (exit 3) only after
-everything is written.
+next stages run and joins the stage's manifest before anything is assembled.
+After the stages, a run's artifact is assembled in a temporary folder and renamed
+into place (an eval's reports are written to its folder). An accuracy gate that
+fails raises ``GateFailed`` (exit 3) only after everything is written.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Callable
 from llmopt import artifact
 from llmopt.backends.base import StageContext
 from llmopt.libraries import collector_paused, pick_device
-from llmopt.errors import GateFailed, LlmoptError, RecipeError, StageFailed
+from llmopt.errors import LlmoptError, RecipeError, StageFailed
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
+from llmopt.stages import failure
 from llmopt.sysinfo import peak_rss_bytes
 
 QUIET_LIBRARIES = {
@@ -54,21 +56,25 @@ class StageRecord:
 class RunResult:
     plan: Plan
     records: list[StageRecord]
-    artifact: Path
+    artifact: Path  # the artifact (scope "run") or the reports folder (scope "eval")
     gates: list[dict]
     log_path: Path
     artifact_seconds: float = 0.0
+    evals: dict = field(default_factory=dict)  # eval stage -> metric, value, n, runtime
+    report: dict = field(default_factory=dict)  # report.json's content
 
     @property
     def gate_failed(self) -> bool:
         return any(g["verdict"] == "fail" for g in self.gates)
 
     def to_dict(self) -> dict:
+        where = {"artifact": str(self.artifact)} if self.plan.scope == "run" else {"reports": str(self.artifact)}
         return {
             "recipe": self.plan.recipe.recipe.name,
-            "artifact": str(self.artifact),
+            **where,
             "log": str(self.log_path),
             "stages": [r.to_dict() for r in self.records],
+            "evals": self.evals,
             "gates": self.gates,
             "passed": not self.gate_failed,
         }
@@ -96,6 +102,7 @@ def _downstream(stage: Stage, plan: Plan, force: list[str]) -> bool:
 
 
 def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = None) -> RunResult:
+    """Every stage of the plan, then the artifact (scope "run") or the reports (scope "eval")."""
     out = out or Output("quiet")
     if plan.errors:
         raise RecipeError(f"{plan.recipe.path}: the plan has {len(plan.errors)} problem(s)", problems=plan.errors,
@@ -108,20 +115,23 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     log_path, log = _open_log(plan)
     try:
         manifests, records = execute_stages(plan, out, log, pick_device(), force)
-        with out.status("assembling the artifact"):
+        gates = manifests["gate"]["outputs"]["gates"] if "gate" in manifests else []
+        with out.status("assembling the artifact" if plan.scope == "run" else "writing the reports"):
             t0 = time.monotonic()
-            gates = artifact.assemble(plan, manifests, log_path)
-            artifact_seconds = time.monotonic() - t0
-            log.info("artifact: %s in %.1fs", plan.output_dir, artifact_seconds)
+            write = artifact.assemble if plan.scope == "run" else artifact.write_reports
+            report = write(plan, manifests, gates, log_path)
+            seconds = time.monotonic() - t0
+            log.info("%s: %s in %.1fs", "artifact" if plan.scope == "run" else "reports", plan.output_dir, seconds)
     finally:
         for handler in list(log.handlers):
             handler.close()
             log.removeHandler(handler)
-    result = RunResult(plan, records, plan.output_dir, gates, log_path, artifact_seconds)
-    if result.gate_failed:
-        failed = [g["name"] for g in gates if g["verdict"] == "fail"]
-        err = GateFailed(f"accuracy gate failed: {', '.join(failed)}", where=str(plan.recipe.path),
-                         fix=f"see {plan.output_dir / 'reports' / 'report.md'}; loosen the threshold only if the drop is acceptable")
+    evals = {s.name: {k: manifests[s.name]["outputs"].get(k) for k in ("metric", "value", "n", "runtime")}
+             for s in plan.kind("eval")}
+    result = RunResult(plan, records, plan.output_dir, report["gates"], log_path, seconds, evals, report)
+    summary = plan.output_dir / "reports" / "report.md" if plan.scope == "run" else plan.output_dir / "report.md"
+    err = failure(result.gates, str(plan.recipe.path), str(summary))
+    if err is not None:
         err.result = result
         raise err
     return result
@@ -135,10 +145,10 @@ class _Pending:
     future: Future
 
 
-def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str, force: list[str] | None = None,
-                   always: Callable[[Stage], bool] = lambda stage: False) -> tuple[dict[str, dict], list[StageRecord]]:
-    """Each stage of the plan from the cache when its entry is whole, else run (``always``: stages
-    that run even when cached). Deferred work runs on one background thread while the next stages
+def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str,
+                   force: list[str] | None = None) -> tuple[dict[str, dict], list[StageRecord]]:
+    """Each stage of the plan from the cache when its entry is whole, else run (volatile stages run
+    even when cached: what an endpoint answers can change behind one URL). Deferred work runs on one background thread while the next stages
     run; every stage's manifest is written before this returns."""
     cache = plan.cache
     manifests: dict[str, dict] = {}
@@ -154,7 +164,7 @@ def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str, fo
                 out.info(f"[green]✓[/] {stage.name} [dim](same as an earlier stage, {stage.key[:12]})[/]")
                 continue
             state = cache.state(stage.key)
-            if state == "whole" and not always(stage) and not forced(stage, plan, force or []):
+            if state == "whole" and not stage.volatile and not forced(stage, plan, force or []):
                 manifests[stage.name] = cache.manifest(stage.key)
                 records.append(StageRecord(stage.name, stage.key, "cached", 0.0, manifests[stage.name]["outputs"]))
                 out.info(f"[green]✓[/] {stage.name} [dim](cached {stage.key[:12]})[/]")
@@ -213,7 +223,8 @@ def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out
         ctx = StageContext(
             name=stage.name, out_dir=tmp, inputs=inputs,
             input_manifests={role: manifests[name] for role, name in stage.inputs.items()},
-            recipe=plan.recipe, log=log, progress=_progress(update, log), device=device,
+            recipe=plan.recipe, log=log, progress=_progress(update, log), device=device, model=plan.model,
+            gpu=plan.gpu,
         )
         try:
             with _quiet_libraries(log):

@@ -4,6 +4,7 @@ table, plan-time memory checks, and `llmopt verify`."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -225,6 +226,7 @@ def test_ort_overlay_is_accepted_by_onnxruntime_genai(tiny_model, tmp_path):
 
     og = pytest.importorskip("onnxruntime_genai")
     from llmopt import registry
+    from llmopt.backends.base import StageContext
 
     onnx = tmp_path / "onnx"
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(tiny_model), "-i",
@@ -236,7 +238,10 @@ def test_ort_overlay_is_accepted_by_onnxruntime_genai(tiny_model, tmp_path):
         plan = api.plan(recipe, overrides)  # its own check says ort needs [export] format = "onnx"
         folder = tmp_path / f"deploy-{provider}"
         folder.mkdir()
-        deploy = registry.get("serve", "ort")().render(plan.recipe.options_for("serve"), plan, onnx, folder)
+        ctx = StageContext(name="deploy.ort", out_dir=folder, inputs={"model": onnx},
+                           input_manifests={"model": {"outputs": {"model_dir": str(onnx), "format": "onnx"}}},
+                           recipe=plan.recipe, log=logging.getLogger("llmopt.test"), model=plan.model, gpu=plan.gpu)
+        deploy = registry.get("serve", "ort")().render(plan.recipe.options_for("serve"), ctx)
         assert deploy["provider"] == provider and deploy["validated_by"].startswith("onnxruntime-genai 0.18")
         merged = json.loads((folder / "genai_config.json").read_text())
         session = merged["model"]["decoder"]["session_options"]

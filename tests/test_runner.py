@@ -18,14 +18,16 @@ def test_run_writes_artifact_and_second_run_is_cached(tiny_model, tmp_path, isol
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
     out = tmp_path / "art"
     first = api.run(recipe, output_dir=out)
-    assert [r.status for r in first.records] == ["ran", "ran", "cached"]  # candidate == baseline model
+    # the candidate is the baseline model (no compression): its eval is the baseline's; the gate runs
+    assert [(r.name, r.status) for r in first.records] == [
+        ("source", "ran"), ("eval.prose.baseline", "ran"), ("eval.prose.candidate", "cached"), ("gate", "ran")]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["recipe"]["sha256"] == first.plan.recipe.digest
     assert manifest["source"]["fingerprint"]
     assert set(manifest["files"]) >= {"model/config.json", "model/model.safetensors", "reports/report.json", "README.md"}
     assert first.gates[0]["verdict"] == "pass" and first.gates[0]["delta"] == 0.0
     second = api.run(recipe, output_dir=out)
-    assert [r.status for r in second.records] == ["cached"] * 3
+    assert [r.status for r in second.records] == ["cached"] * 4
 
 
 def test_changing_only_eval_reruns_only_eval(tiny_model, tmp_path):
@@ -170,9 +172,9 @@ def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_pa
 
     store = cache.Cache(tmp_path / "cache")
     stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Writer(),
-                            options=SimpleNamespace(model_dump=lambda mode: {}), material={})
+                            options=SimpleNamespace(model_dump=lambda mode: {}), material={}, volatile=False)
     plan = SimpleNamespace(cache=store, stages=[stage], recipe=SimpleNamespace(path=tmp_path / "r.toml"),
-                           stage=lambda name: stage)
+                           stage=lambda name: stage, model=None, gpu=None)
     log = logging.getLogger("llmopt.test.deferred")
     log.addHandler(logging.FileHandler(tmp_path / "run.log"))
     try:

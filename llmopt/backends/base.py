@@ -53,6 +53,8 @@ class StageContext:
     log: logging.Logger
     progress: Callable[[str], None] = lambda message: None
     device: str = "cpu"
+    model: Any = None  # ModelInfo of the model as the recipe's steps leave it (config facts), or None
+    gpu: Any = None  # the target GPU from the catalogue, or None for the CPU
     deferred: list[Callable[[Path], dict]] = field(default_factory=list)
 
     def defer(self, work: Callable[[Path], dict]) -> None:

@@ -47,9 +47,9 @@ def eval_(
     except GateFailed as err:
         result = getattr(err, "result", None)
         if result is not None:
-            out.result(result.to_dict(), lambda c: show(c, result.evals, result.gates, result.folder))
+            out.result(result.to_dict(), lambda c: show(c, result.evals, result.gates, result.artifact))
         raise
-    out.result(result.to_dict(), lambda c: show(c, result.evals, result.gates, result.folder))
+    out.result(result.to_dict(), lambda c: show(c, result.evals, result.gates, result.artifact))
 
 
 def show(console, evals: dict, gates: list[dict], folder) -> None:

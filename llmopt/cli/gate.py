@@ -36,13 +36,12 @@ def gate(
         llmopt gate report.json -s mc.interval=bootstrap -o rejudged/ --format json
     """
     from llmopt.cli.eval import show
-    from llmopt.errors import GateFailed
     from llmopt.evaluate import rejudge
+    from llmopt.stages import failure
 
     out = sink(format)
     result = rejudge(report, set_ or [], output)
     out.result(result, lambda c: show(c, {}, result["gates"], output or report.parent))
-    failed = [g["name"] for g in result["gates"] if g["verdict"] == "fail"]
-    if failed:
-        raise GateFailed(f"accuracy gate failed: {', '.join(failed)}", where=str(report),
-                         fix="the reasons above say by how much; loosen a threshold only if the drop is acceptable")
+    err = failure(result["gates"], str(report), str(output / "report.md") if output else "the reasons above")
+    if err is not None:
+        raise err

@@ -52,16 +52,16 @@ def checkpoint_quantization(model_dir: Path) -> dict | None:
     return None
 
 
-def render_facts(plan, model_dir: Path) -> tuple[ModelInfo, int, str]:
-    """Model facts and weight bytes of the artifact's model folder (the estimate when it has no safetensors)."""
-    info = from_folder(model_dir) if (Path(model_dir) / "config.json").is_file() else plan.model
+def render_facts(ctx, model_dir: Path) -> tuple[ModelInfo, int, str]:
+    """Model facts and weight bytes of the final model's folder (the estimate when it has no safetensors)."""
+    info = from_folder(model_dir) if (Path(model_dir) / "config.json").is_file() else ctx.model
     if info is None:
         raise UsageError("cannot write launch configs: the model's config facts are unknown",
                          where=str(model_dir), fix="the model folder needs a config.json")
     actual = memory.safetensors_bytes(model_dir)
     if actual is not None:
         return info, actual, "safetensors"
-    return info, estimated_weight_bytes(plan.recipe, info), "estimate"
+    return info, estimated_weight_bytes(ctx.recipe, info), "estimate"
 
 
 def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int, weight_source: str,

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt.backends.base import Options, PlanContext
+from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import package_version
 from llmopt.deploy import compat, files
 from llmopt.errors import Problem, StageFailed
@@ -103,8 +103,8 @@ class OrtServe:
                                 hint="set [target] gpu, or provider = \"cpu\"")]
         return []
 
-    def render(self, options: OrtOptions, plan, model_dir: Path, folder: Path) -> dict:
-        recipe = plan.recipe.recipe
+    def render(self, options: OrtOptions, ctx: StageContext) -> dict:
+        recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
         config_path = Path(model_dir) / "genai_config.json"
         if not config_path.is_file():
             raise StageFailed("ort serves ONNX Runtime GenAI models, but model/ has no genai_config.json",
@@ -112,7 +112,7 @@ class OrtServe:
         base = json.loads(config_path.read_text())
         context = base.get("model", {}).get("context_length")
         max_length = min(recipe.serve.max_model_len, context) if context else recipe.serve.max_model_len
-        provider = provider_of(options, plan.gpu)
+        provider = provider_of(options, ctx.gpu)
         top = overlay(options, provider, max_length)
         text = json.dumps(top, indent=2)
         validation = validate(model_dir, text)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import memory, validate_engine
-from llmopt.backends.base import Options, PlanContext
+from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.deploy import compat, files, flags, inputs
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -117,15 +117,15 @@ class SglangServe:
         kv = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "bfloat16"}.get(options.kv_cache_dtype, "auto")
         return problems + inputs.plan_problems(options, ctx, kv)
 
-    def render(self, options: SglangOptions, plan, model_dir: Path, folder: Path) -> dict:
-        recipe = plan.recipe.recipe
-        if plan.gpu is None:
+    def render(self, options: SglangOptions, ctx: StageContext) -> dict:
+        recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
+        if ctx.gpu is None:
             raise UsageError("SGLang launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
-        info, weights, source = inputs.render_facts(plan, model_dir)
+        info, weights, source = inputs.render_facts(ctx, model_dir)
         quant = inputs.checkpoint_quantization(model_dir)
-        dtype = inputs.model_dtype(recipe, info, plan.gpu)
+        dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "bfloat16"}.get(options.kv_cache_dtype, "auto")
-        planned = inputs.memory_plan(recipe.serve, recipe.target, info, plan.gpu, options, weights, source,
+        planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv, info, dtype), "serve")
         args = server_args(options, planned, recipe, quant, dtype)
         validation = validate_engine.validate_table("sglang", args, flags.SGLANG_TYPES, flags.SGLANG_FLAGS,

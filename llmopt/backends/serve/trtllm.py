@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import memory, validate_engine
-from llmopt.backends.base import Options, PlanContext
+from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.deploy import compat, files, flags, inputs
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -113,15 +113,15 @@ class TrtllmServe:
         problems += [Problem(w, ctx.where("extra"), severity="warning") for w in warnings]
         return problems + inputs.plan_problems(options, ctx, options.kv_cache_dtype, not options.cuda_graphs)
 
-    def render(self, options: TrtllmOptions, plan, model_dir: Path, folder: Path) -> dict:
-        recipe = plan.recipe.recipe
-        if plan.gpu is None:
+    def render(self, options: TrtllmOptions, ctx: StageContext) -> dict:
+        recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
+        if ctx.gpu is None:
             raise UsageError("TensorRT-LLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
-        info, weights, source = inputs.render_facts(plan, model_dir)
+        info, weights, source = inputs.render_facts(ctx, model_dir)
         quant = inputs.checkpoint_quantization(model_dir)
-        dtype = inputs.model_dtype(recipe, info, plan.gpu)
+        dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv_dtype = trtllm_kv_dtype(options, quant)
-        planned = inputs.memory_plan(recipe.serve, recipe.target, info, plan.gpu, options, weights, source,
+        planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", not options.cuda_graphs)
         config = engine_config(options, planned, recipe, dtype, kv_dtype)
         validation = validate_engine.validate_table("trtllm", config, flags.TRTLLM_TYPES, None, flags.TRTLLM_VERSION)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import memory, validate_engine
-from llmopt.backends.base import Options, PlanContext
+from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.deploy import compat, files, flags, inputs
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -151,17 +151,17 @@ class VllmServe:
         kv = options.kv_cache_dtype
         return problems + inputs.plan_problems(options, ctx, kv, options.enforce_eager)
 
-    def render(self, options: VllmOptions, plan, model_dir: Path, folder: Path) -> dict:
-        recipe = plan.recipe.recipe
-        if plan.gpu is None:
+    def render(self, options: VllmOptions, ctx: StageContext) -> dict:
+        recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
+        if ctx.gpu is None:
             raise UsageError("vLLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
-        info, weights, source = inputs.render_facts(plan, model_dir)
+        info, weights, source = inputs.render_facts(ctx, model_dir)
         quant = inputs.checkpoint_quantization(model_dir)
-        dtype = inputs.model_dtype(recipe, info, plan.gpu)
+        dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv_dtype = kv_cache_dtype(options, quant)
-        planned = inputs.memory_plan(recipe.serve, recipe.target, info, plan.gpu, options, weights, source,
+        planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager)
-        config = engine_config(options, planned, recipe, quant, dtype, kv_dtype, plan.gpu)
+        config = engine_config(options, planned, recipe, quant, dtype, kv_dtype, ctx.gpu)
         files.dump_yaml(config, folder / "config.yaml", f"# vLLM {flags.VLLM_VERSION} engine arguments for "
                         f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; "
                         f"{inputs.summary(planned)}).")

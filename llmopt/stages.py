@@ -1,0 +1,93 @@
+"""Stages that are not backends: the accuracy gate and the deploy configs.
+
+Both run in the plan like every other stage, with a cache key, a folder and a manifest:
+
+* ``gate`` reads the per-example scores of each eval's baseline and candidate stages and
+  judges the recipe's thresholds on the pairs (``llmopt.gate``). Its key hashes the
+  thresholds and the eval stages' keys, so a changed threshold re-judges without scoring
+  again. The verdicts are its outputs; a failed gate is not a failed stage: the run goes on
+  to write the artifact and then exits 3.
+* ``deploy`` renders the serve backend's launch configs for the final model into its folder
+  (``render(options, ctx)``), which the artifact copies to ``deploy/<engine>/``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmopt import gate, registry
+from llmopt.backends.base import StageContext
+from llmopt.errors import GateFailed
+
+GATE_FIELDS = ("name", "kind", "max_drop", "max_rel_drop_pct", "min_recovery", "max_increase_pct", "confidence",
+               "gate_on")
+
+
+class GateSpec(BaseModel):
+    """One eval's thresholds, as the recipe's [[eval]] table gives them."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: str
+    max_drop: float | None = None
+    max_rel_drop_pct: float | None = None
+    min_recovery: float | None = None
+    max_increase_pct: float | None = None
+    confidence: float = 0.95
+    gate_on: Literal["interval", "point"] = "interval"
+
+
+class GateOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gates: list[GateSpec] = Field(default_factory=list)
+
+
+def gate_options(evals) -> GateOptions:
+    """The gate stage's options from the recipe's [[eval]] tables."""
+    return GateOptions(gates=[GateSpec(**{k: getattr(item, k) for k in GATE_FIELDS}) for item in evals])
+
+
+class GateStage:
+    requires = ()
+    version = 1
+
+    def run(self, options: GateOptions, ctx: StageContext) -> dict:
+        return {"gates": [self.judge(spec, ctx) for spec in options.gates]}
+
+    @staticmethod
+    def judge(spec: GateSpec, ctx: StageContext) -> dict:
+        b, c = (ctx.input_manifests[f"{spec.name}.{role}"] for role in ("baseline", "candidate"))
+        scores = b["outputs"].get("scores", "scores.jsonl")
+        comparison = gate.compare(
+            b["outputs"]["metric"],
+            gate.read_scores(ctx.inputs[f"{spec.name}.baseline"] / scores),
+            gate.read_scores(ctx.inputs[f"{spec.name}.candidate"] / c["outputs"].get("scores", "scores.jsonl")),
+            spec.confidence,
+        )
+        record = gate.judge(spec, comparison, b["outputs"].get("higher_is_better", True))
+        record["baseline_stage"], record["candidate_stage"] = b["key"], c["key"]
+        return record
+
+
+class DeployStage:
+    """The serve backend's ``render`` as a stage: reads the final model, writes launch configs."""
+
+    version = 1
+
+    def __init__(self, backend: str):
+        self.backend = registry.get("serve", backend)()
+        self.requires = self.backend.requires
+
+    def run(self, options, ctx: StageContext) -> dict:
+        return self.backend.render(options, ctx) or {}
+
+
+def failure(gates: list[dict], where: str, report: str) -> GateFailed | None:
+    """The error a run, an eval or a re-judged report raises when a gate failed (exit 3), or None."""
+    failed = [g["name"] for g in gates if g["verdict"] == "fail"]
+    if not failed:
+        return None
+    return GateFailed(f"accuracy gate failed: {', '.join(failed)}", where=where,
+                      fix=f"see {report}; loosen a threshold only if the drop is acceptable")
