@@ -85,7 +85,8 @@ def test_every_engine_writes_parseable_configs_without_secrets(tiny_model, tmp_p
         service = next(iter(compose["services"].values()))
         assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 1
         assert service["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"
-        assert os.access(folder / "launch.sh", os.X_OK)
+        assert (folder / "launch.sh").stat().st_mode & 0o777 == 0o755
+        assert all(f.stat().st_mode & 0o777 == 0o644 for f in folder.iterdir() if f.name != "launch.sh")
         for path in generated(out):
             assert token.encode() not in path.read_bytes(), f"{path} holds the HF token"
     vllm = yaml.safe_load((tmp_path / "vllm" / "deploy" / "vllm" / "config.yaml").read_text())

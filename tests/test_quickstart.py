@@ -31,6 +31,17 @@ def test_quickstart_runs_end_to_end(tmp_path):
     assert run_cli("verify", str(out)).returncode == 0
     again = run_cli("run", str(ROOT / "recipes" / "quickstart.toml"), "-o", str(out), cwd=tmp_path)  # human output
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "(0 stage(s) run, 7 cached" in again.stdout + again.stderr
+    assert "(0 stage(s) run, 9 cached" in again.stdout + again.stderr
     table = again.stdout + again.stderr
     assert "verdict" in table and "prose" in table and "PASS" in table  # the verdict table
+    # the artifact as eval's candidate: from the cache as it is, from its ONNX folder once read in place
+    recipe = str(ROOT / "recipes" / "quickstart.toml")
+    cached = run_cli("eval", recipe, "--candidate", str(out), "-o", str(tmp_path / "r1"), "-f", "json", cwd=tmp_path)
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    assert {s["status"] for s in json.loads(cached.stdout)["stages"]} == {"cached"}
+    onnx = run_cli("eval", recipe, "--candidate", str(out / "model"), "-o", str(tmp_path / "r2"), "-f", "json",
+                   cwd=tmp_path)
+    assert onnx.returncode == 0, onnx.stderr[-3000:]
+    scored = json.loads(onnx.stdout)
+    assert scored["evals"]["eval.prose.candidate"]["runtime"] == "onnxruntime"
+    assert [g["candidate"] for g in scored["gates"]] == pytest.approx([g["candidate"] for g in doc["gates"]], rel=1e-3)

@@ -26,6 +26,8 @@ def test_run_writes_artifact_and_second_run_is_cached(tiny_model, tmp_path, isol
     assert manifest["source"]["fingerprint"]
     assert set(manifest["files"]) >= {"model/config.json", "model/model.safetensors", "reports/report.json", "README.md"}
     assert first.gates[0]["verdict"] == "pass" and first.gates[0]["delta"] == 0.0
+    modes = {str(f.relative_to(out)): f.stat().st_mode & 0o777 for f in out.rglob("*") if f.is_file()}
+    assert set(modes.values()) == {0o644}, modes  # a container or another user can read the artifact
     second = api.run(recipe, output_dir=out)
     assert [r.status for r in second.records] == ["cached"] * 4
 

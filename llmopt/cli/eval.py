@@ -17,7 +17,7 @@ def eval_(
     recipe: RecipeArg,
     model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Model folder to score instead of the recipe's source (with --candidate: the baseline).")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Score the model served at this OpenAI-compatible URL (tokenizer from --model or the recipe's source).")] = None,
-    candidate: Annotated[Optional[str], typer.Option("--candidate", "-c", help="Model folder or endpoint URL to gate against the baseline; exits 3 when a gate fails.")] = None,
+    candidate: Annotated[Optional[str], typer.Option("--candidate", "-c", help="Model folder, artifact folder or endpoint URL to gate against the baseline; exits 3 when a gate fails.")] = None,
     set_: SetOpt = None,
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run these stages even when cached (a name or prefix such as eval, or 'all').")] = None,
     cache_dir: CacheOpt = None,
@@ -28,13 +28,14 @@ def eval_(
 
     With --candidate, the recipe's source (or --model) is the baseline and the candidate is scored
     on the same examples; the recipe's gates decide, and the command exits 3 when one fails.
-    Baseline scores that `llmopt run` already computed come from the cache.
+    Baseline scores that `llmopt run` already computed come from the cache, and so do an artifact's
+    own candidate scores while the cache holds its model.
 
     Examples:
 
         llmopt eval recipes/quickstart.toml --model ./my-model
 
-        llmopt eval recipes/quickstart.toml --candidate artifacts/quickstart/model -o reports/
+        llmopt eval recipes/quickstart.toml --candidate artifacts/quickstart -o reports/
 
         llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --format json
     """

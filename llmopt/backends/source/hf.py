@@ -1,4 +1,5 @@
-"""Source: a Hugging Face model folder, local or from the hub.
+"""Source: a Hugging Face model folder, local or from the hub (or, for ``llmopt eval --candidate``,
+an ONNX Runtime GenAI model folder, which has ``genai_config.json``).
 
 A local folder is read in place (not copied); a hub id is downloaded with
 ``huggingface_hub`` (safetensors, configs and tokenizer files only, unless the
@@ -20,7 +21,7 @@ from llmopt.errors import Problem, StageFailed
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".onnx.data")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
@@ -38,6 +39,8 @@ def local_folder(source: str, base: Path | None) -> Path:
 
 def folder_problems(folder: Path, options: ModelSection) -> list[str]:
     """What keeps a folder from being loaded safely, as messages."""
+    if is_onnx_folder(folder):
+        return [] if any(folder.glob("*.onnx")) else [f"{folder} has genai_config.json but no .onnx model"]
     if not (folder / "config.json").is_file():
         return [f"{folder} has no config.json; is it a Hugging Face model folder?"]
     problems = []
@@ -59,6 +62,10 @@ def folder_problems(folder: Path, options: ModelSection) -> list[str]:
     return problems
 
 
+def is_onnx_folder(folder: Path) -> bool:
+    return (folder / "genai_config.json").is_file()
+
+
 def stat_signature(folder: Path) -> list:
     """Cheap identity of a folder's files for cache keys (name, size, mtime)."""
     out = []
@@ -76,7 +83,7 @@ def fingerprint(folder: Path) -> str:
 
     h = blake3.blake3()
     for p in sorted(folder.iterdir()):
-        if p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES):
+        if p.name in ("config.json", "genai_config.json") or p.name.endswith(WEIGHT_SUFFIXES):
             h.update(p.name.encode() + b"\0" + blake3_file(p).encode() + b"\n")
     return "blake3:" + h.hexdigest()
 
@@ -115,4 +122,4 @@ class HuggingFaceSource:
         if problems:
             raise StageFailed(problems[0], where="source")
         ctx.defer(lambda stage_folder: {"fingerprint": fingerprint(folder)})  # the source, read in place
-        return {"format": "hf", "model_dir": str(folder)}
+        return {"format": "onnx" if is_onnx_folder(folder) else "hf", "model_dir": str(folder)}
