@@ -98,7 +98,10 @@ def init(dest: str | Path, name: str = "my-recipe", source: str = "builtin:smoll
 
 
 def json_schema() -> dict:
-    return Recipe.model_json_schema()
+    """The recipe's JSON Schema (draft 2020-12), with every registered backend's options."""
+    from llmopt.recipe.jsonschema import json_schema as recipe_json_schema
+
+    return recipe_json_schema()
 
 
 def backends() -> dict[str, list[dict]]:

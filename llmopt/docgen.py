@@ -68,7 +68,11 @@ def fields_table(model: type[BaseModel], skip: set[str] = frozenset()) -> list[s
 def recipe_md() -> str:
     out = ["# Recipe reference", "", "Generated from the schema by `python -m llmopt.docgen`; do not edit by hand.",
            "", "A recipe is a TOML file. Unknown keys are errors; every problem is reported at once with its",
-           "file, line and key path. `llmopt schema` prints the JSON Schema for editor completion.", ""]
+           "file, line and key path. A backend table (`[[compress]]`, `[export]`, `[serve]`, `[[eval]]`) takes",
+           "its own keys below plus the options of the backend it names, listed under Backends.", "",
+           "Editor completion and checking: `llmopt schema > recipe.schema.json` writes the JSON Schema",
+           "(draft 2020-12) with the options of every installed backend; with taplo / Even Better TOML, put",
+           "`#:schema ./recipe.schema.json` on the recipe's first line.", ""]
     for title, model in SECTIONS:
         heading = "Top level" if not title else (f"[[{title[1:-1]}]]" if title.startswith("[") else f"[{title}]")
         out += [f"## {heading}", "", *fields_table(model), ""]
