@@ -14,7 +14,7 @@ from llmopt.catalog.gpus import CATALOG
 from llmopt.errors import UsageError
 from llmopt.output import Output
 from llmopt.plan import Plan, build_plan
-from llmopt.recipe import LoadedRecipe, Recipe, load_recipe
+from llmopt.recipe import LoadedRecipe, load_recipe
 from llmopt.runner import RunResult, run_plan
 
 RECIPES_DIR = Path(__file__).parent / "recipes"

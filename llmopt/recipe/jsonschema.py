@@ -32,12 +32,13 @@ from typing import Any
 
 from llmopt import registry
 from llmopt.recipe.load import BACKEND_SECTIONS
+from llmopt.recipe import schema
 from llmopt.recipe.schema import Recipe
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-# The rule of Recipe._slug and EvalItem._slug in llmopt.recipe.schema, which are Python
-# validators pydantic cannot export; tests/test_schema.py checks the two agree.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# The rule of Recipe._slug and EvalItem._slug (llmopt.recipe.schema.NAME_PATTERN), Python
+# validators pydantic cannot export, anchored for JSON Schema.
+NAME_PATTERN = f"^{schema.NAME_PATTERN}$"
 
 
 def json_schema() -> dict:

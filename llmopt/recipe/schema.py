@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 1
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # recipe and eval names: they name folders and files
 
 
 class Section(BaseModel):
@@ -132,7 +133,7 @@ class EvalItem(BackendStep):
     @field_validator("name")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+        if not re.fullmatch(NAME_PATTERN, value):
             raise ValueError("use letters, digits, '_', '.', '-' (at most 64)")
         return value
 
@@ -186,6 +187,6 @@ class Recipe(Section):
     @field_validator("name")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+        if not re.fullmatch(NAME_PATTERN, value):
             raise ValueError("use letters, digits, '_', '.', '-' (at most 64), starting with a letter or digit")
         return value
