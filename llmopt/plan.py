@@ -21,10 +21,10 @@ from llmopt import estimates, registry
 from llmopt.backends.base import PlanContext
 from llmopt.libraries import versions
 from llmopt.backends.source.gguf import gguf_path, is_gguf
-from llmopt.backends.source.hf import is_hub_id, local_folder
+from llmopt.backends.source.hf import hub_config, hub_offline, is_hub_id, local_folder
 from llmopt.cache import Cache, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
-from llmopt.errors import Problem
+from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder, from_gguf
 from llmopt.recipe.load import LoadedRecipe
 
@@ -92,25 +92,23 @@ class Plan:
         }
 
 
-def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None) -> Plan:
+def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None,
+               facts: bool = True) -> Plan:
+    """The plan of a loaded recipe, with the model's facts from its config.json or GGUF header (for a hub
+    id: from the hub, or from its local cache when HF_HUB_OFFLINE=1). ``facts=False`` reads nothing of the
+    model: the source check and every check that needs facts are skipped (`llmopt validate`)."""
     recipe = loaded.recipe
     base = loaded.path.parent
     cache = Cache(cache_dir or os.environ.get("LLMOPT_CACHE") or recipe.output.cache_dir)
-    gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None
+    gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None  # the loader checked the name
     problems: list[Problem] = []
-    if recipe.target.gpu and gpu is None:
-        from llmopt.catalog.gpus import get_gpu
-
-        try:
-            get_gpu(recipe.target.gpu)
-        except Exception as exc:  # UsageError naming the catalogue
-            problems.append(Problem(exc.what, loaded.where("target", "gpu"), exc.fix))
-    info = model_facts(loaded, problems)
+    info = model_facts(loaded, problems, facts)
     stages: list[Stage] = []
     ctx = lambda step, **kw: PlanContext(recipe=loaded, step=step, model=info, gpu=gpu, **kw)  # noqa: E731
 
     source = Stage("source", "source", "gguf" if is_gguf(recipe.model.source) else "hf", ("model",), recipe.model)
-    problems += source.impl.check(recipe.model, ctx(("model",)))
+    if facts:
+        problems += source.impl.check(recipe.model, ctx(("model",)))
     source.material = {"source": source.impl.fingerprint(recipe.model, base)}
     stages.append(source)
 
@@ -180,34 +178,70 @@ def assign_keys(stages: list[Stage]) -> None:
         stage.key = keys[stage.name] = stage_key(material)
 
 
-def model_facts(loaded: LoadedRecipe, problems: list[Problem]) -> ModelInfo | None:
-    """Config facts of the source model, or None (with a warning) when they cannot be read."""
+def model_facts(loaded: LoadedRecipe, problems: list[Problem], facts: bool = True) -> ModelInfo | None:
+    """Config facts of the source model, or None with a warning that says why and names the checks that
+    then do not run (none without ``facts``: `validate` lists them itself)."""
+    if not facts:
+        return None
     source = loaded.recipe.model.source
     base = loaded.path.parent
     try:
         if is_gguf(source):
             path = gguf_path(source, base)
-            return from_gguf(path) if path.is_file() else None
-        if is_hub_id(source):
-            return _hub_facts(loaded)
-        folder = local_folder(source, base)
-        return from_folder(folder) if (folder / "config.json").is_file() else None
-    except Exception as exc:  # a malformed config or header: checks that need facts are skipped
-        problems.append(Problem(f"could not read model facts ({exc}); checks that need them are skipped",
-                                loaded.where("model", "source"), severity="warning"))
-        return None
+            if path.is_file():
+                return from_gguf(path)
+            why = f"{path} not found"
+        elif is_hub_id(source):
+            return _hub_facts(loaded, problems, offline=hub_offline())
+        else:
+            folder = local_folder(source, base)
+            if (folder / "config.json").is_file():
+                return from_folder(folder)
+            why = f"{folder / 'config.json'} not found"
+    except Exception as exc:  # a malformed config or header, a missing extra: checks that need facts are skipped
+        why = f"could not read them ({exc})"
+    problems.append(facts_unknown(loaded, why))
+    return None
 
 
-def _hub_facts(loaded: LoadedRecipe) -> ModelInfo | None:
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return None
+def _hub_facts(loaded: LoadedRecipe, problems: list[Problem], offline: bool) -> ModelInfo | None:
+    """Facts from a hub model's config.json; an unreachable hub or a missing model is an error."""
+    model = loaded.recipe.model
     try:
-        from huggingface_hub import hf_hub_download
-
-        path = hf_hub_download(loaded.recipe.model.source, "config.json", revision=loaded.recipe.model.revision)
-        return from_folder(Path(path).parent)
-    except Exception:
+        path = hub_config(model.source, model.revision, offline)
+    except UsageError as exc:
+        problems.append(Problem(exc.what, loaded.where("model", "source"), exc.fix))
         return None
+    if path is None:
+        problems.append(facts_unknown(
+            loaded, f"offline, and {model.source}'s config.json is not in the local hub cache",
+            "plan once with the network (without --offline and HF_HUB_OFFLINE) to cache config.json"))
+        return None
+    return from_folder(path.parent)
+
+
+def facts_unknown(loaded: LoadedRecipe, why: str, hint: str = "") -> Problem:
+    """The warning of a plan without model facts: why, and which checks did not run."""
+    skipped = "; ".join(unchecked_without_facts(loaded))
+    return Problem(f"model facts unknown: {why}; these checks did not run: {skipped}",
+                   loaded.where("model", "source"), hint, severity="warning")
+
+
+def unchecked_without_facts(loaded: LoadedRecipe, source: bool = False) -> list[str]:
+    """The plan-time checks of this recipe that need model facts (``source``: the source check too),
+    as the backends' checks are written: what a plan without facts does not judge."""
+    recipe = loaded.recipe
+    out = ["the model source: that it exists, and its config.json, weight files or GGUF file"] if source else []
+    out += [f"compress[{i}] ({step.method}): the model's architecture, existing quantization and layer shapes"
+            for i, step in enumerate(recipe.compress)]
+    if recipe.export.format != "hf":
+        out.append(f"export ({recipe.export.format}): block size and embeddings against the model's layers")
+    out += [f"eval[{i}] ({item.kind}): the window against the model's context" for i, item in enumerate(recipe.eval)
+            if hasattr(loaded.options.get(("eval", i)), "window")]
+    if recipe.serve is not None and recipe.serve.backend != "ort" and recipe.target.gpu:
+        out.append(f"serve ({recipe.serve.backend}): max_model_len against the model's context, and the memory model")
+    out.append("estimates of the weights, the artifact, calibration memory and the KV cache")
+    return out
 
 
 def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None, gpu: GPU | None) -> list[Problem]:
