@@ -110,7 +110,8 @@ def test_digest_ignores_formatting(tmp_path):
     assert a.digest == b.digest
 
 
-EVAL_RECIPE = 'schema_version = 1\nname = "x"\n[model]\nsource = "a/b"\n[[eval]]\nname = "p"\nkind = "perplexity"\nwindow = 64\n'
+EVAL_RECIPE = ('schema_version = 1\nname = "x"\n[model]\nsource = "a/b"\n'
+               '[[eval]]\nname = "p"\nkind = "perplexity"\nwindow = 64\n')
 
 
 def test_an_error_set_by_an_override_names_the_override_not_the_file_line(tmp_path):

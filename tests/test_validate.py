@@ -100,12 +100,14 @@ def test_validate_reports_every_problem_that_needs_no_model_facts_at_once(tmp_pa
 
 
 def test_validate_skips_checks_that_need_facts_and_names_them(tmp_path, capsys):
-    body = PROBLEMS.split("[[compress]]\nmethod = \"awq\"")[0] + "[[eval]]\nname = \"p\"\nkind = \"perplexity\"\nwindow = 100000\n"
+    body = PROBLEMS.split('[[compress]]\nmethod = "awq"')[0]  # gptq with group_size 100, no other problem
+    body += '[[eval]]\nname = "p"\nkind = "perplexity"\nwindow = 100000\n'  # longer than the model's 8192
     path = write_recipe(tmp_path, body.format(model=config_only_model(tmp_path)))
     with recording() as events:
         result = api.validation(path)
     assert model_reads(events) == []
-    assert not [p for p in result.warnings if p.severity == "error"]
+    errors = " ".join(p.message for p in api.plan(path).errors)  # what `plan` judges with the facts
+    assert "group_size 100" in errors and "window 100000 exceeds the model's context of 8192" in errors
     assert any(line.startswith("compress[0] (gptq)") for line in result.unchecked)
     assert any(line.startswith("eval[0] (perplexity)") for line in result.unchecked)
     assert any(line.startswith("the model source") for line in result.unchecked)
@@ -132,5 +134,6 @@ def test_every_shipped_recipe_validates_without_reading_its_model():
         with recording() as events:
             api.validate(item["path"])
         # the ONNX export's gguf_blocks = "keep" reads the GGUF header (no weights) to judge the carry
-        reads = [(e, a) for e, a in model_reads(events) if not (a.endswith(".gguf") and item["name"] == "gguf-onnx-cpu")]
+        carried = item["name"] == "gguf-onnx-cpu"
+        reads = [(e, a) for e, a in model_reads(events) if not (carried and a.endswith(".gguf"))]
         assert reads == [], item["name"]

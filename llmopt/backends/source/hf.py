@@ -72,7 +72,8 @@ def _hub_error(exc: Exception, repo_id: str, revision: str | None, endpoint: str
         return UsageError(f"{repo_id} was not found on the Hugging Face hub ({endpoint})",
                           fix=f"check model.source (org/name); {login}")
     if "RevisionNotFoundError" in names:
-        return UsageError(f"{repo_id} has no revision {revision!r}", fix="check model.revision (a branch, tag or commit)")
+        return UsageError(f"{repo_id} has no revision {revision!r}",
+                          fix="check model.revision (a branch, tag or commit)")
     if names & {"EntryNotFoundError", "RemoteEntryNotFoundError"}:
         return UsageError(f"{repo_id} has no config.json; is it a transformers model?",
                           fix="give a Hugging Face model repository, a local folder or a .gguf file")
