@@ -6,14 +6,15 @@ import json
 import platform
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt import registry
 from llmopt.libraries import package_version
 from llmopt.catalog.gpus import CATALOG
-from llmopt.errors import UsageError
+from llmopt.errors import Problem, RecipeError, UsageError
 from llmopt.output import Output
-from llmopt.plan import Plan, build_plan
+from llmopt.plan import Plan, build_plan, unchecked_without_facts
 from llmopt.recipe import LoadedRecipe, load_recipe
 from llmopt.runner import RunResult, run_plan
 
@@ -28,8 +29,33 @@ EXTRAS = {
 ENGINES = {"vllm": "vllm", "trtllm": "trtllm-serve", "sglang": "sglang", "llama.cpp": "llama-server"}
 
 
+@dataclass
+class Validation:
+    """What `validate` found in a valid recipe."""
+
+    loaded: LoadedRecipe
+    warnings: list[Problem]  # of the checks that ran
+    unchecked: list[str]  # the checks that need model facts, which `plan` runs
+
+
+def validation(path: str | Path, overrides=()) -> Validation:
+    """Every check that needs no model facts: the recipe's keys, types, catalogue names and backend
+    options, each backend's plan-time check and the rules across stages, with the model unread (no
+    config.json, weights or hub). Raises RecipeError listing every problem found."""
+    loaded = load_recipe(path, overrides)
+    the_plan = build_plan(loaded, facts=False)
+    if the_plan.errors:
+        count = len(the_plan.errors)
+        raise RecipeError(f"{loaded.path}: {count} problem{'s' if count > 1 else ''} in the recipe",
+                          problems=the_plan.errors, fix="edit the recipe (`llmopt schema` describes every key)")
+    # a check's own "model facts unknown" note repeats what `unchecked` lists
+    warnings = [p for p in the_plan.problems if not p.message.startswith("model facts unknown")]
+    return Validation(loaded, warnings, unchecked_without_facts(loaded, source=True))
+
+
 def validate(path: str | Path, overrides=()) -> LoadedRecipe:
-    return load_recipe(path, overrides)
+    """The recipe, once `validation` found no problem in it."""
+    return validation(path, overrides).loaded
 
 
 def plan(path: str | Path, overrides=(), cache_dir=None, output_dir=None) -> Plan:

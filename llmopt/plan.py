@@ -24,7 +24,7 @@ from llmopt import estimates, registry
 from llmopt.backends.base import PlanContext
 from llmopt.libraries import versions
 from llmopt.backends.source.gguf import gguf_path, is_gguf
-from llmopt.backends.source.hf import is_hub_id, local_folder
+from llmopt.backends.source.hf import hub_config, hub_offline, is_hub_id, local_folder
 from llmopt.cache import Cache, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
@@ -115,23 +115,19 @@ def resolve_cache(cache_dir: str | Path | None, loaded: LoadedRecipe) -> Cache:
 
 def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None, *,
                scope: str = "run", baseline: str | Path | None = None, candidate: str | None = None,
-               endpoint: str | None = None) -> Plan:
+               endpoint: str | None = None, facts: bool = True) -> Plan:
     """The plan of ``llmopt run`` (scope "run") or of ``llmopt eval`` (scope "eval": the recipe's source, or
     ``baseline``, scored alone or against ``candidate``, a model or artifact folder or an endpoint URL;
-    ``endpoint``: score the source through that server)."""
+    ``endpoint``: score the source through that server). The model's facts come from its config.json or
+    GGUF header (for a hub id: from the hub, or from its local cache when HF_HUB_OFFLINE=1). ``facts=False``
+    reads nothing of the model: the source check and every check that needs facts are skipped
+    (`llmopt validate`)."""
     recipe = loaded.recipe
     cache = resolve_cache(cache_dir, loaded)
-    gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None
+    gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None  # the loader checked the name
     problems: list[Problem] = []
-    if recipe.target.gpu and gpu is None:
-        from llmopt.catalog.gpus import get_gpu
-
-        try:
-            get_gpu(recipe.target.gpu)
-        except Exception as exc:  # UsageError naming the catalogue
-            problems.append(Problem(exc.what, loaded.where("target", "gpu"), exc.fix))
-    info = model_facts(loaded, problems) if baseline is None else folder_facts(Path(baseline))
-    builder = _Builder(loaded, problems, info, gpu, cache)
+    info = model_facts(loaded, problems, facts) if baseline is None else folder_facts(Path(baseline))
+    builder = _Builder(loaded, problems, info, gpu, cache, facts)
     section = recipe.model if baseline is None else recipe.model.model_copy(update={"source": str(Path(baseline).resolve())})
     source = builder.source("source", section)
     if scope == "run":
@@ -163,8 +159,9 @@ class _Builder:
     """Appends the stages of a plan in order, running each backend's ``check`` as it goes."""
 
     def __init__(self, loaded: LoadedRecipe, problems: list[Problem], info: ModelInfo | None, gpu: GPU | None,
-                 cache: Cache):
+                 cache: Cache, facts: bool = True):
         self.loaded, self.problems, self.info, self.gpu, self.cache = loaded, problems, info, gpu, cache
+        self.facts = facts  # False: nothing of the model is read, so the source check is skipped
         self.stages: list[Stage] = []
         self.upstream: list[str] = []  # the compress methods so far
 
@@ -178,7 +175,8 @@ class _Builder:
 
     def source(self, name: str, section) -> Stage:
         stage = Stage(name, "source", "gguf" if is_gguf(section.source) else "hf", ("model",), section)
-        self.problems += stage.impl.check(section, self.ctx(("model",)))
+        if self.facts:
+            self.problems += stage.impl.check(section, self.ctx(("model",)))
         stage.material = {"source": stage.impl.fingerprint(section, self.loaded.path.parent)}
         return self.add(stage)
 
@@ -336,34 +334,70 @@ def folder_facts(path: Path) -> ModelInfo | None:
         return None
 
 
-def model_facts(loaded: LoadedRecipe, problems: list[Problem]) -> ModelInfo | None:
-    """Config facts of the source model, or None (with a warning) when they cannot be read."""
+def model_facts(loaded: LoadedRecipe, problems: list[Problem], facts: bool = True) -> ModelInfo | None:
+    """Config facts of the source model, or None with a warning that says why and names the checks that
+    then do not run (none without ``facts``: `validate` lists them itself)."""
+    if not facts:
+        return None
     source = loaded.recipe.model.source
     base = loaded.path.parent
     try:
         if is_gguf(source):
             path = gguf_path(source, base)
-            return from_gguf(path) if path.is_file() else None
-        if is_hub_id(source):
-            return _hub_facts(loaded)
-        folder = local_folder(source, base)
-        return from_folder(folder) if (folder / "config.json").is_file() else None
-    except Exception as exc:  # a malformed config or header: checks that need facts are skipped
-        problems.append(Problem(f"could not read model facts ({exc}); checks that need them are skipped",
-                                loaded.where("model", "source"), severity="warning"))
-        return None
+            if path.is_file():
+                return from_gguf(path)
+            why = f"{path} not found"
+        elif is_hub_id(source):
+            return _hub_facts(loaded, problems, offline=hub_offline())
+        else:
+            folder = local_folder(source, base)
+            if (folder / "config.json").is_file():
+                return from_folder(folder)
+            why = f"{folder / 'config.json'} not found"
+    except Exception as exc:  # a malformed config or header, a missing extra: checks that need facts are skipped
+        why = f"could not read them ({exc})"
+    problems.append(facts_unknown(loaded, why))
+    return None
 
 
-def _hub_facts(loaded: LoadedRecipe) -> ModelInfo | None:
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return None
+def _hub_facts(loaded: LoadedRecipe, problems: list[Problem], offline: bool) -> ModelInfo | None:
+    """Facts from a hub model's config.json; an unreachable hub or a missing model is an error."""
+    model = loaded.recipe.model
     try:
-        from huggingface_hub import hf_hub_download
-
-        path = hf_hub_download(loaded.recipe.model.source, "config.json", revision=loaded.recipe.model.revision)
-        return from_folder(Path(path).parent)
-    except Exception:
+        path = hub_config(model.source, model.revision, offline)
+    except UsageError as exc:
+        problems.append(Problem(exc.what, loaded.where("model", "source"), exc.fix))
         return None
+    if path is None:
+        problems.append(facts_unknown(
+            loaded, f"offline, and {model.source}'s config.json is not in the local hub cache",
+            "plan once with the network (without --offline and HF_HUB_OFFLINE) to cache config.json"))
+        return None
+    return from_folder(path.parent)
+
+
+def facts_unknown(loaded: LoadedRecipe, why: str, hint: str = "") -> Problem:
+    """The warning of a plan without model facts: why, and which checks did not run."""
+    skipped = "; ".join(unchecked_without_facts(loaded))
+    return Problem(f"model facts unknown: {why}; these checks did not run: {skipped}",
+                   loaded.where("model", "source"), hint, severity="warning")
+
+
+def unchecked_without_facts(loaded: LoadedRecipe, source: bool = False) -> list[str]:
+    """The plan-time checks of this recipe that need model facts (``source``: the source check too),
+    as the backends' checks are written: what a plan without facts does not judge."""
+    recipe = loaded.recipe
+    out = ["the model source: that it exists, and its config.json, weight files or GGUF file"] if source else []
+    out += [f"compress[{i}] ({step.method}): the model's architecture, existing quantization and layer shapes"
+            for i, step in enumerate(recipe.compress)]
+    if recipe.export.format != "hf":
+        out.append(f"export ({recipe.export.format}): block size and embeddings against the model's layers")
+    out += [f"eval[{i}] ({item.kind}): the window against the model's context" for i, item in enumerate(recipe.eval)
+            if hasattr(loaded.options.get(("eval", i)), "window")]
+    if recipe.serve is not None and recipe.serve.backend != "ort" and recipe.target.gpu:
+        out.append(f"serve ({recipe.serve.backend}): max_model_len against the model's context, and the memory model")
+    out.append("estimates of the weights, the artifact, calibration memory and the KV cache")
+    return out
 
 
 def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None, gpu: GPU | None) -> list[Problem]:

@@ -8,7 +8,7 @@ import pytest
 
 from llmopt import api
 from llmopt.catalog.gpus import CATALOG, find_gpu, get_gpu
-from llmopt.errors import UsageError
+from llmopt.errors import RecipeError, UsageError
 from llmopt.estimates import kv_budget, weight_bytes
 from llmopt.modelinfo import from_config
 
@@ -65,11 +65,26 @@ def test_cache_keys_are_stable_and_track_inputs(tiny_model, tmp_path):
     assert d.stage("eval.prose.baseline").key != a.stage("eval.prose.baseline").key
 
 
-def test_unknown_gpu_is_a_plan_error_with_hint(tiny_model, tmp_path):
+def test_unknown_gpu_is_a_recipe_error_with_hint(tiny_model, tmp_path):
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '\n[target]\ngpu = "H10"\n')
-    plan = api.plan(recipe)
-    assert plan.errors and "unknown GPU 'H10'" in plan.errors[0].message
-    assert "did you mean" in plan.errors[0].hint
+    with pytest.raises(RecipeError) as info:
+        api.plan(recipe)
+    (problem,) = info.value.problems
+    assert "unknown GPU 'H10'" in problem.message and "did you mean" in problem.hint
+    assert problem.where == f"{recipe}:15: target.gpu"
+
+
+def test_a_plan_check_on_an_overridden_key_names_the_override(tmp_path):
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    (folder / "model.safetensors").write_bytes(b"not really weights")
+    recipe = write_recipe(tmp_path, f'schema_version = 1\nname = "q"\n[model]\nsource = "{folder}"\n'
+                                    '[[compress]]\nmethod = "gptq"\ngroup_size = 128\n')
+    assert not api.plan(recipe).errors
+    errors = api.plan(recipe, ["compress[0].group_size=100"]).errors
+    (problem,) = [p for p in errors if "group_size 100" in p.message]
+    assert problem.where == "-s compress[0].group_size=100 (command line)"
 
 
 def test_missing_model_folder_is_a_plan_error(tmp_path):

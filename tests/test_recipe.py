@@ -86,7 +86,7 @@ def test_overrides_apply_and_are_validated(tmp_path):
     assert loaded.recipe.model.dtype == "float32"
     with pytest.raises(RecipeError) as info:
         load_recipe(path, ["eval.0.window=-3"])
-    assert "eval[0].window" in info.value.render()
+    assert "-s eval.0.window=-3 (command line): Input should be greater than or equal to 8" in info.value.render()
 
 
 def test_safe_defaults(tmp_path):
@@ -108,3 +108,55 @@ def test_digest_ignores_formatting(tmp_path):
     a = load_recipe(write_recipe(tmp_path, 'schema_version = 1\nname = "x"\n[model]\nsource = "a/b"\n', "a.toml"))
     b = load_recipe(write_recipe(tmp_path, '# comment\nname = "x"\nschema_version=1\n\n[model]\nsource="a/b"\n', "b.toml"))
     assert a.digest == b.digest
+
+
+EVAL_RECIPE = ('schema_version = 1\nname = "x"\n[model]\nsource = "a/b"\n'
+               '[[eval]]\nname = "p"\nkind = "perplexity"\nwindow = 64\n')
+
+
+def test_an_error_set_by_an_override_names_the_override_not_the_file_line(tmp_path):
+    path = write_recipe(tmp_path, EVAL_RECIPE)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["eval[0].window=-3"])
+    (problem,) = info.value.problems
+    assert problem.where == "-s eval[0].window=-3 (command line)"
+    assert f"{path}:8" not in info.value.render()  # line 8 holds the value the override replaced
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["eval.0.window = -3"])  # the other spelling, with spaces, names itself as typed
+    assert info.value.problems[0].where == "-s eval.0.window = -3 (command line)"
+
+
+def test_an_override_of_a_table_names_itself_and_the_key_inside(tmp_path):
+    path = write_recipe(tmp_path, EVAL_RECIPE)
+    spec = "eval[0]={name='p', kind='perplexity', window=-3}"
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, [spec])
+    assert info.value.problems[0].where == f"-s {spec} (command line): eval[0].window"
+    # a later override of the whole table replaces an earlier one inside it
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["eval[0].window=32", spec])
+    assert info.value.problems[0].where == f"-s {spec} (command line): eval[0].window"
+
+
+def test_keys_not_overridden_keep_their_file_line(tmp_path):
+    path = write_recipe(tmp_path, EVAL_RECIPE.replace('name = "x"', 'name = "x"\n[calibration]\nsamples = 0'))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["eval[0].window=-3"])
+    wheres = sorted(p.where for p in info.value.problems)
+    assert wheres == ["-s eval[0].window=-3 (command line)", f"{path}:4: calibration.samples"]
+    loaded = load_recipe(path, ["calibration.samples=4"])
+    assert loaded.where("eval", 0, "window") == f"{path}:10: eval[0].window"
+    assert loaded.where("calibration", "samples") == "-s calibration.samples=4 (command line)"
+
+
+def test_unknown_gpu_is_a_recipe_error_reported_with_the_others(tmp_path):
+    body = EVAL_RECIPE + '[target]\ngpu = "H100-SXM-80GX"\n[calibration]\nsamples = 0\n'
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write_recipe(tmp_path, body))
+    text = info.value.render()
+    assert "target.gpu: unknown GPU 'H100-SXM-80GX'" in text and "did you mean 'H100-SXM-80GB'?" in text
+    assert "calibration.samples" in text and len(info.value.problems) == 2
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write_recipe(tmp_path, EVAL_RECIPE), ["target.gpu=H10"])
+    assert info.value.problems[0].where == "-s target.gpu=H10 (command line)"
+    assert load_recipe(write_recipe(tmp_path, EVAL_RECIPE), ["target.gpu=h100"]).recipe.target.gpu == "h100"

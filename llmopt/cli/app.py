@@ -24,6 +24,9 @@ RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_defaul
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output: human, json (one JSON document on stdout) or quiet.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a recipe key: -s calibration.samples=16 (repeatable).")]
 CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Stage cache folder (default: $LLMOPT_CACHE or ~/.cache/llmopt).")]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help=(
+    "Work without the Hugging Face hub, as HF_HUB_OFFLINE=1 does: a hub model's config.json and files come from the "
+    "local hub cache; plan-time checks that need a config.json not there are skipped with a warning."))]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Artifact folder (default: the recipe's output.dir or artifacts/<name>).")]
 
 

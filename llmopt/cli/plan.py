@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-from llmopt.cli.app import CacheOpt, FormatOpt, OutputOpt, RecipeArg, SetOpt, app, sink
+import os
+
+from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, OutputOpt, RecipeArg, SetOpt, app, sink
 from llmopt.output import human_size
 
 
 @app.command()
 def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, output: OutputOpt = None,
-         format: FormatOpt = "human") -> None:
+         offline: OfflineOpt = False, format: FormatOpt = "human") -> None:
     """Plan a recipe: ordered stages with cache keys, plan-time checks and resource estimates.
 
-    Reads config.json (or the GGUF header) only, never the weights. Exits 2 when a check fails.
+    Reads config.json (or the GGUF header) only, never the weights; for a hub model, one request to
+    the hub. Exits 2 when a check fails, or when the hub cannot be reached (--offline plans without it).
 
     Examples:
 
         llmopt plan recipes/quickstart.toml
 
         llmopt plan recipes/quickstart.toml --format json
+
+        llmopt plan my-hub-model.toml --offline
     """
     from llmopt import api
     from llmopt.errors import RecipeError
 
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # for every library this process loads, as the variable itself does
     out = sink(format)
     the_plan = api.plan(recipe, set_ or [], cache_dir, output)
     out.result(the_plan.to_dict(), lambda c: _show(c, the_plan))
@@ -31,6 +38,7 @@ def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, out
 
 
 def _show(console, the_plan) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"plan: {the_plan.recipe.recipe.name}")
@@ -40,10 +48,12 @@ def _show(console, the_plan) -> None:
         cached = the_plan.cache.has(stage.key)
         table.add_row(stage.name, stage.backend, stage.key[:12], "[green]cached[/]" if cached else "to run")
     console.print(table)
-    for problem in the_plan.problems:
+    for problem in the_plan.problems:  # model facts unknown: a warning at model.source says why and what did not run
         colour = "red" if problem.severity == "error" else "yellow"
-        console.print(f"[{colour}]{problem.severity}[/]: {problem}")
+        console.print(f"[{colour}]{problem.severity}[/]: {escape(str(problem))}")
     est = the_plan.estimates
+    if the_plan.model is None:
+        console.print("[yellow]model facts unknown[/]: no size, memory or KV-cache estimates (see model.source above)")
     if "weight_bytes_before" in est:
         console.print(f"weights: {human_size(est['weight_bytes_before'])} -> {human_size(est['weight_bytes_after'])} "
                       f"({est['parameters'] / 1e6:.0f}M parameters)")

@@ -6,7 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmopt.cli.app import CacheOpt, FormatOpt, OutputOpt, RecipeArg, SetOpt, app, sink
+import os
+
+from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, OutputOpt, RecipeArg, SetOpt, app, sink
 
 
 @app.command()
@@ -16,6 +18,7 @@ def run(
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run a stage (and what follows it) even when cached: a stage name or prefix (source, compress, eval), or 'all'.")] = None,
     cache_dir: CacheOpt = None,
     output: OutputOpt = None,
+    offline: OfflineOpt = False,
     format: FormatOpt = "human",
 ) -> None:
     """Run a recipe: source, compression, export, evaluation, gates, deploy configs, artifact.
@@ -34,6 +37,8 @@ def run(
     from llmopt import api
     from llmopt.errors import GateFailed
 
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # for every library the run loads, as the variable itself does
     out = sink(format)
     try:
         result = api.run(recipe, set_ or [], force, cache_dir, output, out)

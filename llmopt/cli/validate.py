@@ -1,4 +1,4 @@
-"""llmopt validate: check a recipe without planning or running it."""
+"""llmopt validate: check a recipe without reading its model, planning stages or running them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from llmopt.cli.app import FormatOpt, RecipeArg, SetOpt, app, sink
 
 @app.command()
 def validate(recipe: RecipeArg, set_: SetOpt = None, format: FormatOpt = "human") -> None:
-    """Check a recipe's syntax, keys, types and backend options; report every problem at once.
+    """Check a recipe without its model: syntax, keys, types, catalogue names, backend options, each
+    backend's plan-time checks and the rules across stages; report every problem at once (exit 2).
+
+    Reads no config.json, weights or hub: the checks that need model facts are listed as not run
+    (`llmopt plan` runs them).
 
     Examples:
 
@@ -18,6 +22,19 @@ def validate(recipe: RecipeArg, set_: SetOpt = None, format: FormatOpt = "human"
     from llmopt import api
 
     out = sink(format)
-    loaded = api.validate(recipe, set_ or [])
-    doc = {"valid": True, "recipe": loaded.recipe.name, "path": str(loaded.path), "sha256": loaded.digest}
-    out.result(doc, lambda c: c.print(f"[green]valid[/]: {loaded.path} ({loaded.recipe.name})"))
+    result = api.validation(recipe, set_ or [])
+    loaded = result.loaded
+    doc = {"valid": True, "recipe": loaded.recipe.name, "path": str(loaded.path), "sha256": loaded.digest,
+           "warnings": [p.to_dict() for p in result.warnings], "unchecked": result.unchecked}
+    out.result(doc, lambda c: _show(c, result))
+
+
+def _show(console, result) -> None:
+    from rich.markup import escape
+
+    console.print(f"[green]valid[/]: {result.loaded.path} ({result.loaded.recipe.name})")
+    for problem in result.warnings:
+        console.print(f"[yellow]warning[/]: {escape(str(problem))}")
+    console.print("[dim]not checked without model facts (`llmopt plan` checks them):[/]")
+    for line in result.unchecked:
+        console.print(f"[dim]  {escape(line)}[/]")

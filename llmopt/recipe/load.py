@@ -1,9 +1,11 @@
 """Read a recipe file: TOML, command-line overrides, then two validation passes.
 
 All problems are collected and raised together as one ``RecipeError``, each with
-``file:line: key.path: message (got X)`` and a hint where one exists. Pass two
-checks a backend's own options only where pass one found the backend's name
-parsed cleanly, so one bad name does not cascade into many errors.
+``file:line: key.path: message (got X)`` and a hint where one exists; a key set
+by ``-s key=value`` is named by its override instead of the file line it
+replaced. Pass two checks a backend's own options, and the target GPU against the
+catalogue, only where pass one found the name parsed cleanly, so one bad name
+does not cascade into many errors.
 """
 
 from __future__ import annotations
@@ -48,11 +50,28 @@ class LoadedRecipe:
     data: dict
     lines: dict = field(repr=False, default_factory=dict)
     options: dict[tuple, BaseModel] = field(default_factory=dict)  # ("compress", 0) -> Options
+    overrides: dict[tuple, str] = field(default_factory=dict)  # ("compress", 0, "bits") -> "compress[0].bits=8"
 
     def where(self, *key_path: Any) -> str:
+        """``file:line: key.path``, or ``-s spec (command line)`` when an override set the key (or a table above it)."""
+        spec = self.override_of(key_path)
+        if spec is not None:
+            return spec if self._override_path(key_path) == tuple(key_path) else f"{spec}: {render_path(key_path)}"
         line = line_of(self.lines, key_path)
         loc = f"{self.path}:{line}" if line else str(self.path)
         return f"{loc}: {render_path(key_path)}" if key_path else loc
+
+    def override_of(self, key_path: tuple) -> str | None:
+        """``-s spec (command line)`` of the override that set ``key_path`` or a table above it, else None."""
+        found = self._override_path(key_path)
+        return None if found is None else f"-s {self.overrides[found]} (command line)"
+
+    def _override_path(self, key_path: tuple) -> tuple | None:
+        key_path = tuple(key_path)
+        for end in range(len(key_path), 0, -1):
+            if key_path[:end] in self.overrides:
+                return key_path[:end]
+        return None
 
     @property
     def digest(self) -> str:
@@ -82,11 +101,15 @@ def parse_recipe(text: str, path: Path, overrides=()) -> LoadedRecipe:
         where = f"{path}:{line}:{col}" if line else str(path)
         raise RecipeError(f"TOML syntax error: {msg}", where=where, fix="correct the TOML syntax at that position") from None
     lines = index_lines(text)
-    for spec in overrides:
-        apply_override(data, spec)
     loaded = LoadedRecipe(recipe=None, path=path, data=data, lines=lines)  # type: ignore[arg-type]
-    problems = _shape_pass(data, loaded)
-    problems += _backend_pass(data, loaded, problems)
+    for spec in overrides:
+        key = apply_override(data, spec)
+        # a table set whole replaces what earlier overrides set inside it
+        loaded.overrides = {k: v for k, v in loaded.overrides.items() if k[: len(key)] != key}
+        loaded.overrides[key] = spec.strip()
+    problems, bad_keys = _shape_pass(data, loaded)
+    problems += _backend_pass(data, loaded, bad_keys)
+    problems += _catalogue_pass(data, loaded, bad_keys)
     if [p for p in problems if p.severity == "error"]:
         count = len(problems)
         raise RecipeError(
@@ -97,17 +120,33 @@ def parse_recipe(text: str, path: Path, overrides=()) -> LoadedRecipe:
     return loaded
 
 
-def _shape_pass(data: dict, loaded: LoadedRecipe) -> list[Problem]:
+def _shape_pass(data: dict, loaded: LoadedRecipe) -> tuple[list[Problem], set[str]]:
+    """Problems of the pydantic tree, and the key paths they are at."""
     try:
         loaded.recipe = Recipe.model_validate(data)
-        return []
+        return [], set()
     except ValidationError as exc:
-        return [_problem(err, loaded, Recipe) for err in exc.errors()]
+        errors = exc.errors()
+        return [_problem(err, loaded, Recipe) for err in errors], {render_path(tuple(err["loc"])) for err in errors}
 
 
-def _backend_pass(data: dict, loaded: LoadedRecipe, earlier: list[Problem]) -> list[Problem]:
+def _catalogue_pass(data: dict, loaded: LoadedRecipe, bad_keys: set[str]) -> list[Problem]:
+    """Names that must be in a catalogue: the target GPU (checked only where it parsed as a name)."""
+    from llmopt.catalog.gpus import get_gpu
+
+    target = data.get("target")
+    name = target.get("gpu") if isinstance(target, dict) else None
+    if not isinstance(name, str) or "target.gpu" in bad_keys:
+        return []
+    try:
+        get_gpu(name)
+        return []
+    except UsageError as exc:  # names the catalogue, with "did you mean"
+        return [Problem(exc.what, loaded.where("target", "gpu"), exc.fix)]
+
+
+def _backend_pass(data: dict, loaded: LoadedRecipe, bad_names: set[str]) -> list[Problem]:
     problems: list[Problem] = []
-    bad_names = {p.where.split(": ", 1)[-1] for p in earlier}
     from llmopt.recipe import schema
 
     step_models = {"compress": schema.CompressStep, "eval": schema.EvalItem, "export": schema.ExportSection, "serve": schema.ServeSection}
@@ -190,8 +229,8 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(current, "model_fields", {}))
 
 
-def apply_override(data: dict, spec: str) -> None:
-    """Apply ``key.path=value`` (``compress[0].bits=8`` or ``compress.0.bits=8``) to ``data``."""
+def apply_override(data: dict, spec: str) -> tuple:
+    """Apply ``key.path=value`` (``compress[0].bits=8`` or ``compress.0.bits=8``) to ``data``; return the key path."""
     if "=" not in spec:
         raise UsageError(f"override {spec!r} has no '='", fix="write -s key.path=value, e.g. -s calibration.samples=16")
     key, _, raw = spec.partition("=")
@@ -220,3 +259,4 @@ def apply_override(data: dict, spec: str) -> None:
         if not isinstance(node, list) or last >= len(node):
             raise UsageError(f"override {spec!r}: index {last} is out of range", fix="count the recipe's tables from 0")
     node[last] = copy.deepcopy(value)
+    return tuple(parts)
