@@ -63,3 +63,12 @@ def test_modelopt_int8_sq_gets_a_verdict_from_every_engine(tmp_path, tiny_model,
         code, checks = plan_checks(tmp_path, tiny_model, capsys, body)
         said = [c for c in checks if f"served by {engine}" in c["message"]]
         assert [c["severity"] for c in said] == [severity], (engine, checks)
+
+
+def test_every_shipped_recipe_hands_on_what_its_consumers_accept():
+    from llmopt import api
+
+    for item in api.shipped_recipes():
+        problems = api.plan(item["path"]).problems
+        said = [str(p) for p in problems if " served by " in p.message or " exported to " in p.message]
+        assert said == [], item["name"]

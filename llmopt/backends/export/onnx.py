@@ -54,9 +54,8 @@ ACCEPTS: dict[formats.Format, Rule] = {
     formats.CT_INT8: ACTIVATIONS,
     formats.MODELOPT_INT8_SQ: ACTIVATIONS,
     formats.MODELOPT_FP8: MODELOPT, formats.MODELOPT_INT4_AWQ: MODELOPT, formats.MODELOPT_NVFP4: MODELOPT,
-    formats.ONNX_INT4: Rule("no", "the onnx export builds from a Hugging Face folder, not an ONNX model"),
+    **dict.fromkeys(formats.ONNX, Rule("no", "the onnx export builds from a Hugging Face folder, not an ONNX model")),
 }
-ACCEPTS[formats.ONNX_INT8] = ACCEPTS[formats.ONNX_FLOAT] = ACCEPTS[formats.ONNX_INT4]
 CUDA_ONLY = {formats.CT_FP8: "FP8", formats.CT_NVFP4: "NVFP4", formats.CT_NVFP4A16: "NVFP4"}
 TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
                    "chat_template.jinja", "chat_template.json")
@@ -135,10 +134,11 @@ class OnnxExport:
         """What the builder takes from the stage before the export, on this execution provider and precision:
         ``ACCEPTS``, FP8 / NVFP4 on the CUDA EP only, and pre-quantized weights only into precision int4."""
         ep = options.execution_provider
-        rules = ACCEPTS | {fmt: YES if ep == "cuda" else Rule(
-            "no", f"{kind} checkpoints reach ONNX Runtime GenAI only on the CUDA EP (not {ep})",
-            fix="use a W4A16 method (gptq, awq, rtn) for CPU, or execution_provider = \"cuda\"")
-            for fmt, kind in CUDA_ONLY.items()}
+        rules = dict(ACCEPTS)
+        for fmt, kind in CUDA_ONLY.items():
+            rules[fmt] = YES if ep == "cuda" else Rule(
+                "no", f"{kind} checkpoints reach ONNX Runtime GenAI only on the CUDA EP (not {ep})",
+                fix="use a W4A16 method (gptq, awq, rtn) for CPU, or execution_provider = \"cuda\"")
         if options.precision != "int4":
             kept = Rule("no", f"the export keeps the checkpoint's quantized weights; precision {options.precision!r} "
                         "cannot express them", fix="set precision = \"int4\"")
