@@ -416,14 +416,28 @@ def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo
                 problems.append(Problem(
                     f"{stage.backend} comes after {earlier[0].backend}: pruning needs unquantized weights",
                     loaded.where(*stage.step, "method"), "move the prune step before the quantization step"))
-    recipe = loaded.recipe
-    if recipe.serve is not None:
-        serve = registry.get("serve", recipe.serve.backend)
-        produced = [s for s in stages if s.kind in ("compress", "export")]
-        accepts = getattr(serve, "accepts", None)
-        if accepts is not None:
-            problems += accepts(recipe, produced, gpu, loaded)
+    # what each stage declares it produces, judged by what its consumers declare they accept
+    produced = [s for s in stages if s.kind in ("compress", "export")]
+    export = next((s for s in produced if s.kind == "export"), None)
+    if export is not None and hasattr(export.impl, "accepts"):
+        rules = export.impl.accepts(export.options)
+        for stage in produced[:produced.index(export)]:
+            problems += _handed_over(loaded, stage, rules, f"exported to {export.backend}", gpu)
+    serve = loaded.recipe.serve
+    if serve is not None:
+        rules = registry.get("serve", serve.backend)().accepts(loaded.options_for("serve", None))
+        for stage in produced:  # the artifact carries every step's format (2:4 zeros under int4 weights)
+            problems += _handed_over(loaded, stage, rules, f"served by {serve.backend}", gpu)
     return problems
+
+
+def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: GPU | None) -> list[Problem]:
+    """Problems of handing the format ``stage`` declares it produces to a consumer that declares ``rules``."""
+    from llmopt.deploy import compat
+
+    fmt = stage.impl.produces(stage.options)
+    where = loaded.where(*stage.step, "format" if stage.kind == "export" else "method")
+    return compat.judge(rules, fmt, f"{stage.backend} output ({fmt.label}) {to}", where, gpu)
 
 
 def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:

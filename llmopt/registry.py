@@ -10,23 +10,36 @@ A backend is a class registered with ``@register(kind, name)``. It declares:
 * ``run(options, ctx) -> dict``: does the work, writes into ``ctx.out_dir`` and
   returns metrics (serve backends instead ``render(options, ctx) -> dict``, writing
   the engine's launch configs for the model at ``ctx.model_dir`` into ``ctx.out_dir``;
-  the plan runs it as its deploy stage).
+  the plan runs it as its deploy stage);
+* compress and export backends: ``produces(options) -> Format``, the checkpoint format
+  they write (``llmopt.formats``); serve backends: ``accepts(options) -> {Format: Rule}``,
+  what the engine serves of each format on which GPUs (``llmopt.deploy.compat``). An
+  export that consumes checkpoints may declare ``accepts`` too (the onnx export does).
+  Registering a backend that lacks what its kind must define raises.
 
-Built-ins come from the explicit list in ``llmopt.backends``; third-party backends
-from the ``llmopt.backends`` entry-point group. Duplicate names raise.
+Built-ins are the modules of ``llmopt/backends/<kind>/`` whose names do not start with
+"_" (those are shared helpers), all imported when the registry is first read; an import
+error raises. Third-party backends come from the ``llmopt.backends`` entry-point group.
+Duplicate names raise.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import pkgutil
 from importlib.metadata import entry_points
 
 from llmopt.errors import UsageError
 
 KINDS = ("source", "compress", "export", "eval", "serve")
-# what each kind must define; serve backends render launch configs instead of running a stage
-REQUIRED = {kind: ("Options", "check", "run") for kind in KINDS} | {"serve": ("Options", "check", "render")}
+# what each kind must define; serve backends render launch configs instead of running a stage, and the
+# planner asks what compress / export stages produce and what the serving engine accepts
+REQUIRED = {kind: ("Options", "check", "run") for kind in KINDS} | {
+    "compress": ("Options", "check", "run", "produces"),
+    "export": ("Options", "check", "run", "produces"),
+    "serve": ("Options", "check", "render", "accepts"),
+}
 
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
 _LOADED = False
@@ -53,17 +66,25 @@ def register(kind: str, name: str):
     return wrap
 
 
+def builtin_modules() -> list[str]:
+    """The modules of ``llmopt/backends/<kind>/`` whose names do not start with "_", in name order."""
+    modules = []
+    for kind in KINDS:
+        package = importlib.import_module(f"llmopt.backends.{kind}")
+        found = sorted(info.name for info in pkgutil.iter_modules(package.__path__))
+        modules += [f"{package.__name__}.{name}" for name in found if not name.startswith("_")]
+    return modules
+
+
 def _load() -> None:
     global _LOADED
     if _LOADED:
         return
-    _LOADED = True
-    from llmopt.backends import BUILTIN
-
-    for module in BUILTIN:
+    for module in builtin_modules():
         importlib.import_module(module)
     for ep in entry_points(group="llmopt.backends"):
         ep.load()
+    _LOADED = True
 
 
 def names(kind: str) -> list[str]:

@@ -6,12 +6,18 @@ import sys
 
 import pytest
 
-from llmopt import docgen, registry
+import textwrap
+
+from pydantic import ValidationError
+
+from llmopt import docgen, formats, registry
 from llmopt.backends.base import PlanContext
 
 from conftest import ROOT
 
 BACKENDS = [(kind, name, cls) for kind, items in registry.all_backends().items() for name, cls in items.items()]
+PRODUCERS = [b for b in BACKENDS if b[0] in ("compress", "export")]
+CONSUMERS = [b for b in BACKENDS if b[0] == "serve" or (b[0] == "export" and hasattr(b[2], "accepts"))]
 
 
 @pytest.mark.parametrize("kind,name,cls", BACKENDS, ids=[f"{k}:{n}" for k, n, _ in BACKENDS])
@@ -24,6 +30,114 @@ def test_backend_contract(kind, name, cls):
     for attr in registry.REQUIRED[kind]:
         assert hasattr(cls, attr)
     assert isinstance(cls.requires, tuple)
+
+
+def default_options(cls):
+    """The backend's options with their defaults (unvalidated when some option has none)."""
+    try:
+        return cls.Options()
+    except ValidationError:
+        return cls.Options.model_construct()
+
+
+@pytest.mark.parametrize("kind,name,cls", PRODUCERS, ids=[f"{k}:{n}" for k, n, _ in PRODUCERS])
+def test_compress_and_export_backends_declare_what_they_produce(kind, name, cls):
+    produced = cls().produces(default_options(cls))
+    assert produced in formats.ALL or produced == formats.AS_INPUT, f"{kind}:{name} produces {produced!r}"
+    if produced != formats.AS_INPUT and kind == "export":
+        assert hasattr(cls, "accepts"), f"export {name} writes a new format but declares nothing it accepts"
+
+
+@pytest.mark.parametrize("kind,name,cls", CONSUMERS, ids=[f"{k}:{n}" for k, n, _ in CONSUMERS])
+def test_consumers_declare_a_rule_for_every_format(kind, name, cls):
+    """A format missing from a consumer's declaration would skip its checks (a warning says so at plan time)."""
+    rules = cls().accepts(default_options(cls))
+    missing = [f.name for f in formats.ALL if f not in rules]
+    assert not missing, f"{kind}:{name} declares nothing about {missing}"
+    assert set(rules) <= set(formats.ALL), f"{kind}:{name} names formats outside llmopt.formats"
+
+
+def test_every_serve_backend_and_the_onnx_export_are_consumers():
+    assert {(k, n) for k, n, _ in CONSUMERS} == {("serve", n) for n in registry.names("serve")} | {("export", "onnx")}
+
+
+@pytest.mark.parametrize("method,options,expected", [
+    ("gptq", {}, formats.CT_W4A16),
+    ("gptq", {"actorder": "group"}, formats.CT_W4A16_GIDX),
+    ("gptq", {"scheme": "W8A16"}, formats.CT_W8A16),
+    ("gptq", {"scheme": "W8A8"}, formats.CT_INT8),
+    ("rtn", {"bits": 8}, formats.CT_W8A16),
+    ("rtn", {"bits": 3}, formats.CT_WNA16),
+    ("int8_sq", {}, formats.CT_INT8),
+    ("modelopt_int8_sq", {}, formats.MODELOPT_INT8_SQ),
+    ("sparsegpt", {}, formats.SPARSE_2_4),
+])
+def test_options_that_change_the_format(method, options, expected):
+    cls = registry.get("compress", method)
+    assert cls().produces(cls.Options(**options)) == expected
+
+
+def test_the_onnx_export_declares_by_execution_provider_and_precision():
+    cls = registry.get("export", "onnx")
+    cpu, cuda = cls().accepts(cls.Options()), cls().accepts(cls.Options(execution_provider="cuda"))
+    assert cpu[formats.CT_FP8].status == "no" and cuda[formats.CT_FP8].status == "yes"
+    assert cls().accepts(cls.Options(precision="fp16"))[formats.CT_W4A16].status == "no"
+    for rules in (cpu, cuda):
+        assert rules[formats.CT_INT8] == rules[formats.MODELOPT_INT8_SQ]  # both quantize activations
+        assert "quantizes activations" in rules[formats.MODELOPT_INT8_SQ].note
+    assert cls().produces(cls.Options(precision="int8")) == formats.ONNX_INT8
+
+
+@pytest.mark.parametrize("kind,lacking", [("compress", "produces"), ("export", "produces"), ("serve", "accepts")])
+def test_registering_a_backend_without_its_declaration_raises(kind, lacking):
+    attrs = {attr: None for attr in registry.REQUIRED[kind] if attr != lacking}
+    with pytest.raises(TypeError, match=f"has no {lacking}"):
+        registry.register(kind, "undeclared")(type("Undeclared", (), attrs))
+    assert "undeclared" not in registry.names(kind)
+
+
+def test_a_format_a_consumer_does_not_know_is_a_warning():
+    from llmopt.deploy import compat
+
+    mxfp4 = formats.Format("mxfp4", "MXFP4 (a third-party format)")
+    [problem] = compat.judge({formats.DENSE: compat.YES}, mxfp4, "x output served by y", "here", None)
+    assert problem.severity == "warning" and "declares nothing about MXFP4" in problem.message
+    assert compat.judge({}, formats.AS_INPUT, "hf output", "here", None) == []
+    with pytest.raises(ValueError, match="needs its reason"):
+        compat.Rule("no")
+
+
+def test_a_new_file_in_a_backend_folder_is_a_new_backend(tmp_path, monkeypatch):
+    """Discovery: every module of llmopt/backends/<kind>/ not starting with "_" is imported, import errors raise."""
+    import llmopt.backends.eval as package
+
+    (tmp_path / "probe_metric.py").write_text(textwrap.dedent('''\
+        from llmopt.registry import register
+
+        @register("eval", "probe_metric")
+        class Probe:
+            Options = check = run = None
+        '''))
+    (tmp_path / "_probe_helper.py").write_text("raise RuntimeError('a helper module is not imported by discovery')\n")
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_REGISTRY", {kind: {} for kind in registry.KINDS})  # modules already imported
+    monkeypatch.setattr(registry, "_LOADED", False)  # register nothing again; only the new file does
+    try:
+        assert "llmopt.backends.eval.probe_metric" in registry.builtin_modules()
+        assert registry.names("eval") == ["probe_metric"]
+        (tmp_path / "broken_metric.py").write_text("import llmopt_no_such_module\n")
+        monkeypatch.setattr(registry, "_LOADED", False)
+        with pytest.raises(ModuleNotFoundError, match="llmopt_no_such_module"):
+            registry.names("eval")
+    finally:
+        for name in ("probe_metric", "broken_metric", "_probe_helper"):
+            sys.modules.pop(f"llmopt.backends.eval.{name}", None)
+
+
+def test_every_backend_module_is_discovered():
+    modules = set(registry.builtin_modules())
+    assert {cls.__module__ for _, _, cls in BACKENDS} <= modules
+    assert not any(m.rsplit(".", 1)[1].startswith("_") for m in modules)
 
 
 def test_duplicate_registration_raises():

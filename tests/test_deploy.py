@@ -1,5 +1,5 @@
-"""Deploy stage: launch configs and deployment files for every engine, the compatibility
-table, plan-time memory checks, and `llmopt verify`."""
+"""Deploy stage: launch configs and deployment files for every engine, what each engine declares
+it serves, plan-time memory checks, and `llmopt verify`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ import pytest
 import yaml
 
 from llmopt import api
-from llmopt.backends.base import Options
 from llmopt.cli.main import main
-from llmopt.deploy import compat
-from llmopt.plan import Stage
 
 from conftest import tiny_recipe, write_recipe
 
@@ -150,56 +147,65 @@ def test_engines_need_a_gpu_and_known_options(tiny_model, tmp_path):
     assert "unknown option 'mem-fraction-statik'" in messages
 
 
-def stage(backend: str, kind: str = "compress", **options) -> Stage:
-    opts = type("Opts", (Options,), {"__annotations__": {k: type(v) for k, v in options.items()}, **options})()
-    return Stage(f"{kind}.0.{backend}", kind, backend, (kind, 0) if kind == "compress" else (kind,), opts)
+def served(tmp_path, tiny_model, engine: str, steps: str, gpu: str | None, export: str = "") -> list:
+    """The plan's problems about handing the recipe's stages to ``engine``."""
+    if engine == "ort" and not export:
+        export = 'format = "onnx"\nexecution_provider = "cuda"'  # ort serves ONNX models; judge the method alone
+    body = tiny_recipe(tiny_model) + "".join(f"[[compress]]\n{step}\n" for step in steps.split(";") if step)
+    body += f"[export]\n{export}\n" if export else ""
+    body += f'[target]\ngpu = "{gpu}"\n' if gpu else ""
+    recipe = write_recipe(tmp_path, body + f'[serve]\nbackend = "{engine}"\nmax_model_len = 256\n')
+    return [p for p in api.plan(recipe).problems if f"served by {engine}" in p.message]
 
 
-@pytest.mark.parametrize("engine, backend, gpu, severity, text", [
-    ("vllm", "fp8", "T4", "warning", "run it weight-only"),
-    ("vllm", "fp8", "L4", None, ""),
-    ("vllm", "gptq", "T4", "warning", "Marlin int4 kernels need CC 8.0"),
-    ("vllm", "nvfp4", "H100", "warning", "native on Blackwell"),
-    ("vllm", "nvfp4", "B200", None, ""),
-    ("vllm", "modelopt_int4_awq", "H100", "error", "not INT4 AWQ"),
-    ("vllm", "onnx", "H100", "error", "does not serve ONNX"),
-    ("trtllm", "modelopt_fp8", "A100-80GB", "error", "Ada, Hopper or Blackwell"),
-    ("trtllm", "modelopt_fp8", "L40S", None, ""),
-    ("trtllm", "modelopt_nvfp4", "H100", "error", "Blackwell"),
-    ("trtllm", "int8_sq", "H100", "error", "legacy engine path"),
-    ("trtllm", "gptq", "H100", "warning", "not compressed-tensors"),
-    ("sglang", "modelopt_fp8", "L40S", "error", "needs Hopper"),
-    ("sglang", "fp8", "H100", None, ""),
-    ("ort", "modelopt_nvfp4", None, "error", "does not read ModelOpt NVFP4"),
-    ("ort", "fp8", None, "error", "CUDA execution provider"),
+@pytest.mark.parametrize("engine, steps, gpu, severity, text", [
+    ("vllm", 'method = "fp8"', "T4", "warning", "run it weight-only"),
+    ("vllm", 'method = "fp8"', "L4", None, ""),
+    ("vllm", 'method = "gptq"\ngroup_size = 32', "T4", "warning", "Marlin int4 kernels need CC 8.0"),
+    ("vllm", 'method = "gptq"\nscheme = "W8A8"', "T4", None, ""),  # INT8 W8A8 runs from CC 7.5
+    ("vllm", 'method = "nvfp4"', "H100", "warning", "native on Blackwell"),
+    ("vllm", 'method = "nvfp4"', "B200", None, ""),
+    ("vllm", 'method = "modelopt_int4_awq"\nblock_size = 32', "H100", "error", "not INT4 AWQ"),
+    ("vllm", 'method = "modelopt_int8_sq"', "H100", "error", "not INT8 SmoothQuant"),
+    ("vllm", 'method = "int8_sq"', "T4", None, ""),
+    ("vllm", 'method = "sparsegpt";method = "gptq"\ngroup_size = 32', "H100", "error", "removed from vLLM"),
+    ("trtllm", 'method = "modelopt_fp8"', "A100-80GB", "error", "Ada, Hopper or Blackwell"),
+    ("trtllm", 'method = "modelopt_fp8"', "L40S", None, ""),
+    ("trtllm", 'method = "modelopt_nvfp4"', "H100", "error", "Blackwell"),
+    ("trtllm", 'method = "int8_sq"', "H100", "error", "legacy engine path"),
+    ("trtllm", 'method = "modelopt_int8_sq"', "H100", "error", "legacy engine path"),
+    ("trtllm", 'method = "gptq"\ngroup_size = 32', "H100", "warning", "not compressed-tensors"),
+    ("sglang", 'method = "modelopt_fp8"', "L40S", "error", "needs Hopper"),
+    ("sglang", 'method = "modelopt_int8_sq"', "H100", "error", "FP8 and NVFP4 checkpoints only"),
+    ("sglang", 'method = "fp8"', "H100", None, ""),
+    ("ort", 'method = "modelopt_nvfp4"', None, "error", "does not read ModelOpt NVFP4"),
+    ("ort", 'method = "fp8"', None, "error", "CUDA execution provider"),
+    ("ort", 'method = "rtn"\nbits = 8\ngroup_size = 32', "L4", "error", "not W8A16"),
 ])
-def test_what_serves_what(tiny_model, tmp_path, engine, backend, gpu, severity, text):
-    from llmopt.catalog.gpus import get_gpu
-
-    loaded = api.validate(write_recipe(tmp_path, tiny_recipe(tiny_model)))
-    produced = [stage(backend, "export" if backend == "onnx" else "compress")]
-    if engine == "ort":
-        produced.append(stage("onnx", "export"))
-    problems = compat.engine_problems(engine, produced, get_gpu(gpu) if gpu else None, loaded)
+def test_what_serves_what(tiny_model, tmp_path, engine, steps, gpu, severity, text):
+    problems = served(tmp_path, tiny_model, engine, steps, gpu)
     if severity is None:
         assert problems == []
     else:
-        assert [p.severity for p in problems] == [severity] and text in problems[0].message
+        assert [p.severity for p in problems] == [severity], problems
+        assert text in problems[0].message and problems[0].where.endswith(".method")
 
 
-def test_vllm_refuses_2of4_sparsity_and_ort_needs_onnx(tiny_model, tmp_path):
-    loaded = api.validate(write_recipe(tmp_path, tiny_recipe(tiny_model)))
-    sparse = stage("prune_width", pattern="2:4")
-    assert "removed from vLLM" in compat.engine_problems("vllm", [sparse], None, loaded)[0].message
-    problems = compat.engine_problems("ort", [], None, loaded)
-    assert "serves ONNX models" in problems[0].message and problems[0].hint == 'set [export] format = "onnx"'
+@pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])
+def test_gpu_engines_refuse_onnx_and_ort_needs_it(tiny_model, tmp_path, engine):
+    [problem] = served(tmp_path, tiny_model, engine, "", "H100", export='format = "onnx"')
+    assert "does not serve ONNX models" in problem.message and problem.where.endswith("export.format")
+    assert problem.hint == 'use serve.backend = "ort"'
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[serve]\nbackend = "ort"\nmax_model_len = 256\n')
+    [problem] = [p for p in api.plan(recipe).problems if "serves ONNX models" in p.message]
+    assert problem.where.endswith("serve.backend") and problem.hint == 'set [export] format = "onnx"'
 
 
 def test_plan_warns_for_fp8_on_turing(tiny_model, tmp_path):
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[[compress]]\nmethod = "fp8"\n[target]\ngpu = "T4"\n'
                                     '[serve]\nbackend = "vllm"\nmax_model_len = 512\n')
     warnings = [p.message for p in api.plan(recipe).problems if p.severity == "warning"]
-    assert any("fp8 output served by vllm on T4 (CC 7.5)" in w for w in warnings)
+    assert any("fp8 output (compressed-tensors FP8 W8A8) served by vllm on T4 (CC 7.5)" in w for w in warnings)
 
 
 @pytest.mark.slow

@@ -132,7 +132,7 @@ def test_plan_refuses_asymmetric_int4_with_shared_embeddings(tmp_path, tiny_mode
 
 def test_plan_refuses_what_the_builder_cannot_take_on_cpu(tmp_path, tiny_model):
     text = plan_problems(tmp_path, tiny_model, '[[compress]]\nmethod = "fp8"\n\n[export]\nformat = "onnx"\n')
-    assert "fp8 checkpoints reach ONNX Runtime GenAI only on the CUDA EP" in text
+    assert "FP8 checkpoints reach ONNX Runtime GenAI only on the CUDA EP (not cpu)" in text
     text = plan_problems(tmp_path, tiny_model, '[[compress]]\nmethod = "gptq"\ngroup_size = 32\nactorder = "group"\n\n'
                          '[export]\nformat = "onnx"\n')
     assert "g_idx" in text

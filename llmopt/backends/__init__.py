@@ -1,32 +1,4 @@
-"""Backends, one file each. ``BUILTIN`` is the explicit list of built-in modules;
-third-party backends register through the ``llmopt.backends`` entry-point group."""
-
-BUILTIN = [
-    "llmopt.backends.source.hf",
-    "llmopt.backends.source.gguf",
-    "llmopt.backends.export.hf",
-    "llmopt.backends.export.onnx",
-    "llmopt.backends.compress.gptq",
-    "llmopt.backends.compress.awq",
-    "llmopt.backends.compress.rtn",
-    "llmopt.backends.compress.fp8",
-    "llmopt.backends.compress.fp8_static",
-    "llmopt.backends.compress.int8_sq",
-    "llmopt.backends.compress.nvfp4",
-    "llmopt.backends.compress.nvfp4a16",
-    "llmopt.backends.compress.prune_depth",
-    "llmopt.backends.compress.prune_width",
-    "llmopt.backends.compress.sparsegpt",
-    "llmopt.backends.compress.modelopt_fp8",
-    "llmopt.backends.compress.modelopt_int4_awq",
-    "llmopt.backends.compress.modelopt_int8_sq",
-    "llmopt.backends.compress.modelopt_nvfp4",
-    "llmopt.backends.eval.perplexity",
-    "llmopt.backends.eval.multiple_choice",
-    "llmopt.backends.eval.generation",
-    "llmopt.backends.eval.lm_eval",
-    "llmopt.backends.serve.vllm",
-    "llmopt.backends.serve.trtllm",
-    "llmopt.backends.serve.sglang",
-    "llmopt.backends.serve.ort",
-]
+"""Backends, one file each: ``llmopt/backends/<kind>/<name>.py`` registers itself with
+``llmopt.registry.register``. The registry imports every module here whose name does not
+start with "_" (``_name.py`` holds helpers the backends of a kind share); third-party
+backends register through the ``llmopt.backends`` entry-point group."""

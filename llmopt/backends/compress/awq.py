@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -45,6 +46,9 @@ class AWQ:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: AWQOptions) -> formats.Format:
+        return formats.CT_W4A16
 
     def bits_per_weight(self, options: AWQOptions) -> float:
         return _checks.group_overhead_bits(4, options.group_size, 16, 0 if options.symmetric else 4)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -31,6 +32,9 @@ class FP8Dynamic:
     calibrates = False
     quantizes = True
     prunes = False
+
+    def produces(self, options: FP8Options) -> formats.Format:
+        return formats.CT_FP8
 
     def bits_per_weight(self, options: FP8Options) -> float:
         return 8.0

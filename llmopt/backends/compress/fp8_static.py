@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -35,6 +36,9 @@ class FP8Static:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: FP8StaticOptions) -> formats.Format:
+        return formats.CT_FP8
 
     def bits_per_weight(self, options: FP8StaticOptions) -> float:
         return 8.0

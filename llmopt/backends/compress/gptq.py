@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -56,6 +57,14 @@ class GPTQ:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: GPTQOptions) -> formats.Format:
+        """The scheme decides the format; activation order by group adds a g_idx permutation."""
+        if options.scheme == "W8A8":
+            return formats.CT_INT8
+        if options.scheme == "W8A16":
+            return formats.CT_W8A16
+        return formats.CT_W4A16_GIDX if options.actorder == "group" else formats.CT_W4A16
 
     def bits_per_weight(self, options: GPTQOptions) -> float:
         bits = 4 if options.scheme == "W4A16" else 8

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem
@@ -35,6 +36,9 @@ class ModelOptFP8:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: ModelOptFP8Options) -> formats.Format:
+        return formats.MODELOPT_FP8
 
     def bits_per_weight(self, options: ModelOptFP8Options) -> float:
         return 8.0

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem
@@ -39,6 +40,9 @@ class ModelOptInt4AWQ:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: ModelOptInt4AWQOptions) -> formats.Format:
+        return formats.MODELOPT_INT4_AWQ
 
     def bits_per_weight(self, options: ModelOptInt4AWQOptions) -> float:
         return _checks.group_overhead_bits(4, options.block_size, 16)

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem
@@ -37,6 +38,9 @@ class ModelOptInt8SQ:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: ModelOptInt8SQOptions) -> formats.Format:
+        return formats.MODELOPT_INT8_SQ
 
     def bits_per_weight(self, options: ModelOptInt8SQOptions) -> float:
         return 8.0

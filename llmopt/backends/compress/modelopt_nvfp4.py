@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.backends.compress.nvfp4 import NVFP4_BITS, NVFP4_GROUP
@@ -37,6 +38,9 @@ class ModelOptNVFP4:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: ModelOptNVFP4Options) -> formats.Format:
+        return formats.MODELOPT_NVFP4
 
     def bits_per_weight(self, options: ModelOptNVFP4Options) -> float:
         return NVFP4_BITS

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -37,6 +38,9 @@ class NVFP4:
     calibrates = True
     quantizes = True
     prunes = False
+
+    def produces(self, options: NVFP4Options) -> formats.Format:
+        return formats.CT_NVFP4
 
     def bits_per_weight(self, options: NVFP4Options) -> float:
         return NVFP4_BITS

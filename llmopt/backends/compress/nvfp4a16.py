@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.backends.compress.nvfp4 import NVFP4_BITS, NVFP4_GROUP
@@ -29,6 +30,9 @@ class NVFP4A16:
     calibrates = False
     quantizes = True
     prunes = False
+
+    def produces(self, options: NVFP4A16Options) -> formats.Format:
+        return formats.CT_NVFP4A16
 
     def bits_per_weight(self, options: NVFP4A16Options) -> float:
         return NVFP4_BITS

@@ -19,6 +19,7 @@ import math
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _prune
@@ -49,6 +50,9 @@ class PruneDepth:
     calibrates = True
     quantizes = False
     prunes = True
+
+    def produces(self, options: PruneDepthOptions) -> formats.Format:
+        return formats.DENSE
 
     def check(self, options: PruneDepthOptions, ctx: PlanContext) -> list[Problem]:
         problems = _prune.plan_checks(ctx, "prune_depth")

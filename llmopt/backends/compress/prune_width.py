@@ -17,6 +17,7 @@ import dataclasses
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _checks, _prune
@@ -46,6 +47,9 @@ class PruneWidth:
     calibrates = True
     quantizes = False
     prunes = True
+
+    def produces(self, options: PruneWidthOptions) -> formats.Format:
+        return formats.DENSE
 
     def check(self, options: PruneWidthOptions, ctx: PlanContext) -> list[Problem]:
         problems = _prune.plan_checks(ctx, "prune_width")

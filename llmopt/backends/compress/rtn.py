@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -35,6 +36,10 @@ class RTN:
     calibrates = False
     quantizes = True
     prunes = False
+
+    def produces(self, options: RTNOptions) -> formats.Format:
+        """4- and 8-bit weights are the widths engines document; other widths are their own format."""
+        return {4: formats.CT_W4A16, 8: formats.CT_W8A16}.get(options.bits, formats.CT_WNA16)
 
     def bits_per_weight(self, options: RTNOptions) -> float:
         return _checks.group_overhead_bits(options.bits, options.group_size, 16, 0 if options.symmetric else options.bits)

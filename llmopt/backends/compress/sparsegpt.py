@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -41,6 +42,9 @@ class SparseGPT:
     calibrates = True
     quantizes = False
     prunes = True
+
+    def produces(self, options: SparseGPTOptions) -> formats.Format:
+        return formats.SPARSE_2_4
 
     def check(self, options: SparseGPTOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "sparsegpt", calibrates=True)

@@ -6,6 +6,7 @@ Needs: nothing.
 
 from __future__ import annotations
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.cache import copy_tree
 from llmopt.errors import Problem
@@ -21,6 +22,9 @@ class HFExport:
     Options = HFExportOptions
     requires = ()
     extra = None
+
+    def produces(self, options: HFExportOptions) -> formats.Format:
+        return formats.AS_INPUT
 
     def check(self, options: HFExportOptions, ctx: PlanContext) -> list[Problem]:
         return []

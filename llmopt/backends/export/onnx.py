@@ -24,19 +24,39 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmopt import registry
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.export import gguf_layout, gptq_layout, onnx_verify
 from llmopt.backends.source.gguf import gguf_path, is_gguf
+from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 QUANTIZED = ("int4", "int8")
-# compression methods whose output the builder cannot take on the CPU EP (DESIGN.md: what serves what)
-FLOAT_METHODS = {"fp8", "fp8_dynamic", "fp8_static", "nvfp4", "nvfp4a16", "modelopt_fp8", "modelopt_nvfp4", "mxfp4"}
-ACTIVATION_METHODS = {"int8_sq", "w8a8", "smoothquant", "w4a8"}
+# What the model builder takes from the stage before the export (``input_refusal`` is the same judgement on
+# the checkpoint itself): W4A16 folders, repacked into the AutoGPTQ layout (``gptq_layout.py``); FP8 / NVFP4
+# compressed-tensors on the CUDA EP only (the builder's own route); float weights, which it quantizes itself.
+W4A16_ONLY = "use a W4A16 method (gptq, awq, rtn) before an onnx export"
+ACTIVATIONS = Rule("no", "it quantizes activations; the ONNX Runtime GenAI builder reads weight-only int4 checkpoints "
+                   "only", fix=W4A16_ONLY)
+MODELOPT = Rule("no", "the onnx export reads compressed-tensors and AutoGPTQ / AutoAWQ checkpoints, not ModelOpt's",
+                fix="use the llm-compressor method of the same scheme (awq, fp8, nvfp4)")
+ACCEPTS: dict[formats.Format, Rule] = {
+    formats.DENSE: YES,
+    formats.SPARSE_2_4: YES,  # zeros stored in dense weights
+    formats.CT_W4A16: YES,
+    formats.CT_W4A16_GIDX: Rule("no", "actorder = \"group\" permutes groups (g_idx), which MatMulNBits blocks cannot "
+                                "express", fix="use actorder = \"weight\" (same accuracy, no permutation)"),
+    formats.CT_W8A16: Rule("no", "8-bit weights are not int4", fix=W4A16_ONLY),
+    formats.CT_WNA16: Rule("no", "weights of this width are not int4", fix=W4A16_ONLY),
+    formats.CT_INT8: ACTIVATIONS,
+    formats.MODELOPT_INT8_SQ: ACTIVATIONS,
+    formats.MODELOPT_FP8: MODELOPT, formats.MODELOPT_INT4_AWQ: MODELOPT, formats.MODELOPT_NVFP4: MODELOPT,
+    **dict.fromkeys(formats.ONNX, Rule("no", "the onnx export builds from a Hugging Face folder, not an ONNX model")),
+}
+CUDA_ONLY = {formats.CT_FP8: "FP8", formats.CT_NVFP4: "NVFP4", formats.CT_NVFP4A16: "NVFP4"}
 TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
                    "chat_template.jinja", "chat_template.json")
 OPT_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -107,6 +127,24 @@ class OnnxExport:
     requires = ("onnxruntime-genai", "onnxruntime", "onnx", "onnx-ir", "torch")
     extra = "ort"
 
+    def produces(self, options: OnnxExportOptions) -> formats.Format:
+        return {"int4": formats.ONNX_INT4, "int8": formats.ONNX_INT8}.get(options.precision, formats.ONNX_FLOAT)
+
+    def accepts(self, options: OnnxExportOptions) -> dict[formats.Format, Rule]:
+        """What the builder takes from the stage before the export, on this execution provider and precision:
+        ``ACCEPTS``, FP8 / NVFP4 on the CUDA EP only, and pre-quantized weights only into precision int4."""
+        ep = options.execution_provider
+        rules = dict(ACCEPTS)
+        for fmt, kind in CUDA_ONLY.items():
+            rules[fmt] = YES if ep == "cuda" else Rule(
+                "no", f"{kind} checkpoints reach ONNX Runtime GenAI only on the CUDA EP (not {ep})",
+                fix="use a W4A16 method (gptq, awq, rtn) for CPU, or execution_provider = \"cuda\"")
+        if options.precision != "int4":
+            kept = Rule("no", f"the export keeps the checkpoint's quantized weights; precision {options.precision!r} "
+                        "cannot express them", fix="set precision = \"int4\"")
+            rules |= {fmt: kept for fmt in (formats.CT_W4A16, *CUDA_ONLY) if rules[fmt].status == "yes"}
+        return rules
+
     def bits_per_weight(self, options: OnnxExportOptions) -> float | None:
         """Decoder-linear bits when the builder quantizes: codes plus one float32 scale (and a 4-bit
         zero point when asymmetric) per block; None for float precisions."""
@@ -118,7 +156,6 @@ class OnnxExport:
     def check(self, options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
         problems = [ctx.problem(f"builder_options may not set {key!r}; use the typed option", "builder_options")
                     for key in sorted(set(options.builder_options) & TYPED_KEYS)]
-        problems += upstream_problems(options, ctx)
         carry, reason = gguf_carry(options, ctx.recipe)
         if options.gguf_blocks == "keep" and carry is None:
             problems.append(ctx.problem(f"gguf_blocks = \"keep\" cannot apply: {reason}", "gguf_blocks",
@@ -243,44 +280,6 @@ def finish_gguf(model_file: Path, reader, residuals: dict, ctx: StageContext) ->
                           fix="set gguf_blocks = \"requantize\" to let the builder quantize instead")
     return {"residual_nodes": added["nodes"], "lm_head_carried": head, "max_abs_weight_error": error["max_abs_error"],
             "lm_head_max_abs_error": error["lm_head_max_abs_error"]}
-
-
-def upstream_problems(options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
-    """What the compression steps before the export hand over, judged by method name and bits."""
-    problems = []
-    for index, step in enumerate(ctx.recipe.recipe.compress):
-        cls = registry.get("compress", step.method)
-        if not getattr(cls, "quantizes", False):
-            continue
-        where = ("compress", index, "method")
-        if step.method in FLOAT_METHODS and options.execution_provider != "cuda":
-            problems.append(Problem(f"{step.method} checkpoints reach ONNX Runtime GenAI only on the CUDA EP "
-                                    f"(not {options.execution_provider})", ctx.recipe.where(*where),
-                                    "use a W4A16 method (gptq, awq, rtn) for CPU, or execution_provider = \"cuda\""))
-        elif step.method in ACTIVATION_METHODS:
-            problems.append(Problem(f"{step.method} quantizes activations; the ONNX Runtime GenAI builder reads "
-                                    "weight-only int4 checkpoints only", ctx.recipe.where(*where),
-                                    "use a W4A16 method (gptq, awq, rtn) before an onnx export"))
-        elif weight_only_int4_problem(ctx.recipe.options_for("compress", index)):
-            key, message = weight_only_int4_problem(ctx.recipe.options_for("compress", index))
-            problems.append(Problem(message, ctx.recipe.where("compress", index, key), "the onnx export takes "
-                                    "W4A16 checkpoints (4-bit weights in groups, 16-bit activations)"))
-        elif options.precision != "int4":
-            problems.append(ctx.problem(f"the {step.method} step leaves int4 weights; precision {options.precision!r} "
-                                        "cannot express them", "precision", hint="set precision = \"int4\""))
-    return problems
-
-
-def weight_only_int4_problem(step) -> tuple[str, str] | None:
-    """(key, message) when a quantizer's options do not make a W4A16 checkpoint the builder can take."""
-    scheme, bits, actorder = getattr(step, "scheme", "W4A16"), getattr(step, "bits", 4), getattr(step, "actorder", None)
-    if scheme != "W4A16":
-        return "scheme", f"scheme {scheme} is not W4A16"
-    if bits != 4:
-        return "bits", f"{bits}-bit weights are not int4"
-    if actorder == "group":
-        return "actorder", "actorder = \"group\" permutes groups (g_idx), which MatMulNBits blocks cannot express"
-    return None
 
 
 def quantized_input_problems(options: OnnxExportOptions, qconfig: dict, ctx: PlanContext) -> list[Problem]:

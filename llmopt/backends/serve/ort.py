@@ -21,11 +21,38 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import package_version
-from llmopt.deploy import compat, files
+from llmopt.deploy import files
+from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
+
+# What ONNX Runtime GenAI runs, by the checkpoint its model was built from (DESIGN.md, "What serves what";
+# onnxruntime-genai's model builder 0.18): AutoAWQ / AutoGPTQ int4 folders (compressed-tensors W4A16 repacked
+# into that layout), compressed-tensors FP8 / NVFP4 on the CUDA execution provider only, ORT INT8, and the
+# ONNX models it builds. The onnx export declares what its builder takes, option by option.
+CUDA_FP8 = Rule("yes", "FP8 ONNX models run only on the CUDA execution provider", needs_gpu=True)
+CUDA_NVFP4 = Rule("yes", "NVFP4 ONNX models run only on the CUDA execution provider", needs_gpu=True)
+ACCEPTS: dict[formats.Format, Rule] = {
+    formats.DENSE: YES, formats.ONNX_INT4: YES, formats.ONNX_INT8: YES, formats.ONNX_FLOAT: YES,
+    formats.CT_W4A16: YES, formats.CT_W4A16_GIDX: YES, formats.CT_INT8: YES,
+    formats.CT_FP8: CUDA_FP8, formats.MODELOPT_FP8: CUDA_FP8,
+    formats.CT_NVFP4: CUDA_NVFP4, formats.CT_NVFP4A16: CUDA_NVFP4,
+    formats.CT_W8A16: Rule("no", "the ONNX Runtime GenAI builder reads FP8 / NVFP4 compressed-tensors and AutoGPTQ / "
+                           "AutoAWQ int4 folders, not W8A16", fix="use 4-bit weights (W4A16)"),
+    formats.CT_WNA16: Rule("no", "the ONNX Runtime GenAI builder reads int4 weights, not other widths",
+                           fix="use 4-bit weights (W4A16)"),
+    formats.MODELOPT_NVFP4: Rule("no", "ONNX Runtime GenAI does not read ModelOpt NVFP4 checkpoints",
+                                 fix="use nvfp4 (compressed-tensors) with a CUDA GPU"),
+    formats.MODELOPT_INT4_AWQ: Rule("undocumented", "the ONNX Runtime GenAI builder documents AutoAWQ / AutoGPTQ "
+                                    "folders, not ModelOpt INT4 AWQ checkpoints"),
+    formats.MODELOPT_INT8_SQ: Rule("undocumented", "the ONNX Runtime GenAI builder documents AutoAWQ / AutoGPTQ "
+                                   "folders, not ModelOpt INT8 SmoothQuant checkpoints"),
+    formats.SPARSE_2_4: Rule("no", "ONNX Runtime GenAI does not serve 2:4 sparse checkpoints",
+                             fix="leave out the 2:4 sparsity step"),
+}
 
 
 class OrtOptions(Options):
@@ -93,15 +120,20 @@ class OrtServe:
     requires = ()
     extra = "deploy"
 
-    @staticmethod
-    def accepts(recipe, produced, gpu, loaded) -> list[Problem]:
-        return compat.engine_problems("ort", produced, gpu, loaded)
+    def accepts(self, options: OrtOptions) -> dict[formats.Format, Rule]:
+        """What ONNX Runtime GenAI serves, by the checkpoint format its model is built from (``ACCEPTS``)."""
+        return ACCEPTS
 
     def check(self, options: OrtOptions, ctx: PlanContext) -> list[Problem]:
+        problems = []
+        exported = ctx.recipe.recipe.export.format
+        if exported != "onnx":
+            problems.append(Problem(f"serve.backend = \"ort\" serves ONNX models, but the recipe exports {exported!r}",
+                                    ctx.where("backend"), "set [export] format = \"onnx\""))
         if options.provider == "cuda" and ctx.gpu is None:
-            return [ctx.problem("provider \"cuda\" needs a GPU, but [target] names none", "provider",
-                                hint="set [target] gpu, or provider = \"cpu\"")]
-        return []
+            problems.append(ctx.problem("provider \"cuda\" needs a GPU, but [target] names none", "provider",
+                                        hint="set [target] gpu, or provider = \"cpu\""))
+        return problems
 
     def render(self, options: OrtOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir

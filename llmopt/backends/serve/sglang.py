@@ -18,11 +18,39 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt import memory, validate_engine
+from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.deploy import compat, files, flags, inputs
+from llmopt.deploy import files, flags, inputs
+from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
+
+# What SGLang 0.5.23 loads, from its support matrix as summarised in DESIGN.md ("What serves what") and its
+# quantization configs: compressed-tensors WNA16 takes 4- and 8-bit weights (WNA16_SUPPORTED_TYPES_MAP) on
+# Marlin kernels; the ModelOpt loader (modelopt_quant.py) takes FP8 (Hopper) and NVFP4 (Blackwell) checkpoints
+# and raises for any other quant_algo.
+MARLIN = Rule("yes", "Marlin int4 kernels need CC 8.0", (8, 0))
+BLACKWELL = Rule("yes", "NVFP4 needs Blackwell (CC 10.0+)", (10, 0))
+NOT_ONNX = Rule("no", "SGLang does not serve ONNX models", fix="use serve.backend = \"ort\"")
+ACCEPTS: dict[formats.Format, Rule] = {
+    formats.DENSE: YES,
+    formats.SPARSE_2_4: Rule("undocumented", "SGLang does not document 2:4 sparse checkpoints"),
+    formats.CT_W4A16: MARLIN,
+    formats.CT_W4A16_GIDX: MARLIN,
+    formats.CT_W8A16: Rule("yes", "Marlin kernels need CC 8.0", (8, 0)),
+    formats.CT_WNA16: Rule("no", "SGLang's compressed-tensors WNA16 scheme takes 4- and 8-bit weights only",
+                           fix="use bits = 4 or 8"),
+    formats.CT_INT8: Rule("yes", "INT8 W8A8 needs CC 7.5", (7, 5)),
+    formats.CT_FP8: Rule("yes", "FP8 W8A8 compute needs CC 8.9; from 8.0 it runs weight-only", (8, 0), (8, 9)),
+    formats.CT_NVFP4: BLACKWELL,
+    formats.CT_NVFP4A16: BLACKWELL,
+    formats.MODELOPT_FP8: Rule("yes", "SGLang's modelopt_fp8 needs Hopper (CC 9.0+)", (9, 0)),
+    formats.MODELOPT_NVFP4: BLACKWELL,
+    formats.MODELOPT_INT4_AWQ: Rule("undocumented", "SGLang does not document ModelOpt INT4 AWQ checkpoints"),
+    formats.MODELOPT_INT8_SQ: Rule("no", "SGLang's ModelOpt loader takes FP8 and NVFP4 checkpoints only, not INT8 "
+                                   "SmoothQuant", fix="use int8_sq (compressed-tensors INT8 W8A8) for SGLang"),
+    formats.ONNX_INT4: NOT_ONNX, formats.ONNX_INT8: NOT_ONNX, formats.ONNX_FLOAT: NOT_ONNX,
+}
 
 
 class SglangOptions(Options):
@@ -105,9 +133,9 @@ class SglangServe:
     requires = ()
     extra = "deploy"
 
-    @staticmethod
-    def accepts(recipe, produced, gpu, loaded) -> list[Problem]:
-        return compat.engine_problems("sglang", produced, gpu, loaded)
+    def accepts(self, options: SglangOptions) -> dict[formats.Format, Rule]:
+        """What SGLang serves of each checkpoint format, on which GPUs (``ACCEPTS``)."""
+        return ACCEPTS
 
     def check(self, options: SglangOptions, ctx: PlanContext) -> list[Problem]:
         errors, _ = validate_engine.check_flags(options.extra_args, flags.SGLANG_TYPES, flags.SGLANG_FLAGS)

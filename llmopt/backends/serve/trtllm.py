@@ -18,11 +18,38 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt import memory, validate_engine
+from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.deploy import compat, files, flags, inputs
+from llmopt.deploy import files, flags, inputs
+from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
+
+# What trtllm-serve's PyTorch backend (TensorRT-LLM 1.2.1) loads, from its support matrix as summarised in
+# DESIGN.md ("What serves what"): ModelOpt's unified checkpoints (FP8 on Ada / Hopper / Blackwell, NVFP4 on
+# Blackwell, INT4 AWQ from CC 8.0); INT8 SmoothQuant and 2:4 sparsity only on the legacy engine path.
+CT = "TensorRT-LLM's PyTorch backend documents ModelOpt checkpoints, not compressed-tensors"
+LEGACY_INT8 = Rule("no", "INT8 SmoothQuant runs only on TensorRT-LLM's legacy engine path, not trtllm-serve's "
+                   "PyTorch backend", fix="use modelopt_fp8 (or another serve.backend) for INT8 W8A8")
+NOT_ONNX = Rule("no", "TensorRT-LLM does not serve ONNX models", fix="use serve.backend = \"ort\"")
+ACCEPTS: dict[formats.Format, Rule] = {
+    formats.DENSE: YES,
+    formats.SPARSE_2_4: Rule("no", "2:4 sparsity runs only on TensorRT-LLM's legacy engine path",
+                             fix="leave out the 2:4 sparsity step, or choose another serve.backend"),
+    formats.CT_W4A16: Rule("undocumented", CT + "; use modelopt_int4_awq"),
+    formats.CT_W4A16_GIDX: Rule("undocumented", CT + "; use modelopt_int4_awq"),
+    formats.CT_W8A16: Rule("undocumented", CT),
+    formats.CT_WNA16: Rule("undocumented", CT),
+    formats.CT_INT8: LEGACY_INT8,
+    formats.CT_FP8: Rule("undocumented", CT + "; use modelopt_fp8", (8, 9)),
+    formats.CT_NVFP4: Rule("undocumented", CT + "; use modelopt_nvfp4", (10, 0)),
+    formats.CT_NVFP4A16: Rule("undocumented", CT),
+    formats.MODELOPT_FP8: Rule("yes", "FP8 needs Ada, Hopper or Blackwell (CC 8.9+)", (8, 9)),
+    formats.MODELOPT_NVFP4: Rule("yes", "NVFP4 needs Blackwell (CC 10.0+)", (10, 0)),
+    formats.MODELOPT_INT4_AWQ: Rule("yes", "INT4 AWQ needs CC 8.0", (8, 0)),
+    formats.MODELOPT_INT8_SQ: LEGACY_INT8,
+    formats.ONNX_INT4: NOT_ONNX, formats.ONNX_INT8: NOT_ONNX, formats.ONNX_FLOAT: NOT_ONNX,
+}
 
 
 class TrtllmOptions(Options):
@@ -99,9 +126,9 @@ class TrtllmServe:
     requires = ()
     extra = "deploy"
 
-    @staticmethod
-    def accepts(recipe, produced, gpu, loaded) -> list[Problem]:
-        return compat.engine_problems("trtllm", produced, gpu, loaded)
+    def accepts(self, options: TrtllmOptions) -> dict[formats.Format, Rule]:
+        """What trtllm-serve serves of each checkpoint format, on which GPUs (``ACCEPTS``)."""
+        return ACCEPTS
 
     def check(self, options: TrtllmOptions, ctx: PlanContext) -> list[Problem]:
         problems = []

@@ -18,13 +18,49 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llmopt import formats
 from llmopt import memory, validate_engine
 from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.deploy import compat, files, flags, inputs
+from llmopt.deploy import files, flags, inputs
+from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
 
 SPECULATIVE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+
+# What vLLM 0.33.0 loads, from its quantization configs: ``get_min_capability`` of each scheme
+# (compressed-tensors W8A8 FP8 89 with a W8A16 FP8 Marlin fallback from 75, WNA16 75 with Marlin
+# from 80, INT8 W8A8 75, NVFP4 75 with Blackwell-native W4A4; ModelOpt FP8 80, ModelOpt NVFP4 75).
+# Sparse compressors raise a deprecation error. The ModelOpt loader (modelopt.py, QUANT_ALGOS)
+# takes FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4, MXFP8 and MIXED_PRECISION
+# checkpoints and raises for any other quant_algo: INT4 AWQ and INT8 SmoothQuant (W8A8_SQ_PER_CHANNEL).
+MARLIN_INT4 = Rule("yes", "Marlin int4 kernels need CC 8.0; older GPUs get a slower kernel", (7, 5), (8, 0))
+NVFP4_NATIVE = Rule("yes", "NVFP4 is native on Blackwell (CC 10.0); elsewhere a slower weight-only fallback",
+                    (7, 5), (10, 0))
+NOT_ONNX = Rule("no", "vLLM does not serve ONNX models", fix="use serve.backend = \"ort\"")
+ACCEPTS: dict[formats.Format, Rule] = {
+    formats.DENSE: YES,
+    formats.SPARSE_2_4: Rule("no", "2:4 sparse checkpoints were removed from vLLM",
+                             fix="leave out the 2:4 sparsity step, or choose another serve.backend"),
+    formats.CT_W4A16: MARLIN_INT4,
+    formats.CT_W4A16_GIDX: MARLIN_INT4,
+    formats.CT_W8A16: Rule("yes", "Marlin kernels need CC 8.0; older GPUs get a slower kernel", (7, 5), (8, 0)),
+    formats.CT_WNA16: Rule("undocumented", "vLLM documents compressed-tensors integer weights of 4 and 8 bits"),
+    formats.CT_INT8: Rule("yes", "INT8 W8A8 needs CC 7.5", (7, 5)),
+    formats.CT_FP8: Rule("yes", "FP8 W8A8 compute needs CC 8.9; older GPUs run it weight-only (FP8 Marlin)",
+                         (7, 5), (8, 9)),
+    formats.CT_NVFP4: NVFP4_NATIVE,
+    formats.CT_NVFP4A16: Rule("yes", "FP4 Marlin kernels need CC 8.0", (7, 5), (8, 0)),
+    formats.MODELOPT_FP8: Rule("yes", "ModelOpt FP8 compute needs CC 8.9; from 8.0 it runs weight-only",
+                               (8, 0), (8, 9)),
+    formats.MODELOPT_NVFP4: NVFP4_NATIVE,
+    formats.MODELOPT_INT4_AWQ: Rule("no", "vLLM reads ModelOpt FP8 / NVFP4 / MXFP8 checkpoints, not INT4 AWQ",
+                                    fix="use awq or gptq (compressed-tensors) for vLLM"),
+    formats.MODELOPT_INT8_SQ: Rule("no", "vLLM's ModelOpt loader takes FP8, NVFP4, MXFP8 and mixed-precision "
+                                   "checkpoints, not INT8 SmoothQuant (quant_algo W8A8_SQ_PER_CHANNEL)",
+                                   fix="use int8_sq (compressed-tensors INT8 W8A8) for vLLM"),
+    formats.ONNX_INT4: NOT_ONNX, formats.ONNX_INT8: NOT_ONNX, formats.ONNX_FLOAT: NOT_ONNX,
+}
 
 
 class VllmOptions(Options):
@@ -132,9 +168,9 @@ class VllmServe:
     requires = ()
     extra = "deploy"
 
-    @staticmethod
-    def accepts(recipe, produced, gpu, loaded) -> list[Problem]:
-        return compat.engine_problems("vllm", produced, gpu, loaded)
+    def accepts(self, options: VllmOptions) -> dict[formats.Format, Rule]:
+        """What vLLM serves of each checkpoint format, on which GPUs (``ACCEPTS``)."""
+        return ACCEPTS
 
     def check(self, options: VllmOptions, ctx: PlanContext) -> list[Problem]:
         problems = [Problem(f"unknown vLLM {flags.VLLM_VERSION} option {name!r}", ctx.where("extra_args"),
