@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 import sys
@@ -135,6 +134,3 @@ def doctor() -> dict:
     report["engines"] = {name: shutil.which(exe) for name, exe in ENGINES.items()}
     return report
 
-
-def to_json(data) -> str:
-    return json.dumps(data, indent=2, default=str)

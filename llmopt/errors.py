@@ -6,7 +6,7 @@ Every error says what is wrong, where, and how to fix it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_STAGE_FAILED = 1
@@ -95,20 +95,3 @@ class MissingExtra(LlmoptError):
         self.package = package
         self.extra = extra
 
-
-@dataclass
-class Report:
-    """A list of problems with a helper to raise when any is an error."""
-
-    problems: list[Problem] = field(default_factory=list)
-
-    def add(self, message: str, where: str = "", hint: str = "", severity: str = "error") -> None:
-        self.problems.append(Problem(message, where, hint, severity))
-
-    @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "error"]
-
-    @property
-    def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "warning"]
