@@ -95,3 +95,8 @@ class MissingExtra(LlmoptError):
         self.package = package
         self.extra = extra
 
+
+class MissingDependency(LlmoptError):
+    """A library that is installed cannot be imported: a module it imports is missing or fails."""
+
+    exit_code = EXIT_MISSING_EXTRA
