@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -104,10 +105,17 @@ def backends() -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for kind, by_name in registry.all_backends().items():
         out[kind] = [
-            {"name": name, "extra": cls.extra, "summary": (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]}
+            {"name": name, "extra": cls.extra, "summary": summary(sys.modules[cls.__module__].__doc__)}
             for name, cls in by_name.items()
         ]
     return out
+
+
+def summary(doc: str | None) -> str:
+    """The first sentence of a docstring, however many lines it spans."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    match = re.match(r"(.+?[.!?])(\s|$)", paragraph)
+    return match.group(1) if match else paragraph
 
 
 def gpus() -> list[dict]:

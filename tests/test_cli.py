@@ -94,3 +94,16 @@ def test_help_has_examples(capsys, command):
 def test_top_level_help(capsys):
     code, out, _ = call(capsys, "--help")
     assert code == 0 and "llmopt run" in out
+
+
+def test_ls_shows_each_backends_whole_summary(capsys, monkeypatch):
+    code, out, _ = call(capsys, "ls", "backends", "--format", "json")
+    backends = json.loads(out)["backends"]
+    hf = next(b for b in backends["export"] if b["name"] == "hf")
+    assert hf["summary"] == ("Export: the Hugging Face folder as the last stage wrote it (plain safetensors, or "
+                             "compressed-tensors / ModelOpt checkpoints from a quantization step).")
+    summaries = [b["summary"] for items in backends.values() for b in items]
+    assert all(s.endswith(".") and "\n" not in s and ". " not in s for s in summaries), summaries  # one sentence
+    monkeypatch.setenv("COLUMNS", "400")  # the table, wide enough not to wrap
+    code, out, _ = call(capsys, "ls", "backends")
+    assert code == 0 and "checkpoints from a quantization step)." in out
