@@ -91,6 +91,13 @@ def test_help_has_examples(capsys, command):
     assert "Examples:" in out and f"llmopt {command}" in out
 
 
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(capsys, flag):
+    import llmopt
+
+    assert call(capsys, flag) == (0, f"llmopt {llmopt.__version__}\n", "")
+
+
 def test_top_level_help(capsys):
     code, out, _ = call(capsys, "--help")
     assert code == 0 and "llmopt run" in out

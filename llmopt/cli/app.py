@@ -20,6 +20,21 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        import llmopt
+
+        typer.echo(f"llmopt {llmopt.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
+                                               help="Print llmopt's version and exit.")] = False) -> None:
+    pass
+
+
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output: human, json (one JSON document on stdout) or quiet.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a recipe key: -s calibration.samples=16 (repeatable).")]
