@@ -69,8 +69,8 @@ def test_invalid_recipe_json_error_document(capsys, tmp_path):
     path = write_recipe(tmp_path, 'schema_version = 2\nname = "x"\n[model]\nsource = "a/b"\n')
     code, out, _ = call(capsys, "validate", str(path), "--format", "json")
     assert code == 2
-    doc = json.loads(out)
-    assert doc["exit_code"] == 2 and doc["problems"][0]["where"].endswith(":1: schema_version")
+    error = json.loads(out)["error"]
+    assert error["exit_code"] == 2 and error["problems"][0]["where"].endswith(":1: schema_version")
 
 
 def test_unknown_command_and_option_exit_2(capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -42,10 +43,17 @@ CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Stage cac
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Artifact folder (default: the recipe's output.dir or artifacts/<name>).")]
 
 
+# The sink of the command now running: the entry point writes its JSON document when it ends.
+CURRENT: ContextVar[Optional[Output]] = ContextVar("llmopt_output", default=None)
+
+
 def sink(fmt: str) -> Output:
+    """The command's output sink (every command makes one, first thing)."""
     from llmopt.errors import UsageError
     from llmopt.output import MODES
 
     if fmt not in MODES:
         raise UsageError(f"unknown output format {fmt!r}", fix=f"use one of: {', '.join(MODES)}")
-    return Output(fmt)
+    out = Output(fmt)
+    CURRENT.set(out)
+    return out
