@@ -15,6 +15,7 @@ EXIT_GATE_FAILED = 3
 EXIT_MISSING_EXTRA = 4
 EXIT_INTERNAL = 70  # EX_SOFTWARE of sysexits.h: a bug in llmopt or a library, not the user's input
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, as a shell reports `cat` stopped by `| head -1`
 
 EXIT_CODES = {
     EXIT_OK: "ok",
@@ -25,6 +26,8 @@ EXIT_CODES = {
     EXIT_INTERNAL: "internal error: an unexpected exception in llmopt or a library (a bug; "
                    "LLMOPT_DEBUG=1 shows the traceback)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_STDOUT_CLOSED: "stdout was closed before the output was written (a reader such as `head -1` stopped "
+                        "early); llmopt stops quietly, with no traceback",
 }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +116,13 @@ def test_ls_shows_each_backends_whole_summary(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # the table, wide enough not to wrap
     code, out, _ = call(capsys, "ls", "backends")
     assert code == 0 and "checkpoints from a quantization step)." in out
+
+
+@pytest.mark.parametrize("args", [("ls", "--format", "json"), ("ls",), ("plan", QUICKSTART), ("--help",)])
+def test_closed_stdout_ends_quietly_with_141(args):
+    """`llmopt ls --format json | head -1`: the reader is gone before llmopt writes."""
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == ""

@@ -7,13 +7,14 @@ error inside it when the command failed (``llmopt.output.document``; docs/cli.md
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 
 from llmopt.cli import cp, doctor, eval, gate, init, ls, plan, run, schema, serve, validate, verify  # noqa: F401  (registers commands)
 from llmopt.cli.app import CURRENT, app
-from llmopt.errors import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, InternalError,
+from llmopt.errors import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_STDOUT_CLOSED, EXIT_USAGE, InternalError,
                            Interrupted, LlmoptError, UsageError)
 from llmopt.output import document, write_json
 
@@ -48,7 +49,8 @@ So `doc.get("error")` tells failure from success, and `doc["error"]["exit_code"]
 exit status.
 
 `llmopt serve` writes its document (the URL and model) when it starts listening; an error
-after that goes to stderr only.
+after that goes to stderr only. A closed stdout (`llmopt ls --format json | head -1`) ends
+the command quietly, with no traceback, with exit code 141.
 """
 
 
@@ -80,6 +82,10 @@ def _run(argv: list[str]) -> tuple[int, LlmoptError | None]:
         exc.show()
         ctx = getattr(exc, "ctx", None)
         return EXIT_USAGE, UsageError(exc.format_message(), fix=f"see `{ctx.command_path} --help`" if ctx else "")
+    except SystemExit as exc:  # typer exits by itself (code 1) when it meets a closed stdout
+        if isinstance(exc.__context__, OSError) and exc.__context__.errno == errno.EPIPE:
+            return EXIT_STDOUT_CLOSED, None
+        raise
     except (typer.Abort, KeyboardInterrupt):
         error: LlmoptError = Interrupted("interrupted")
     except LlmoptError as exc:
@@ -99,18 +105,28 @@ def main(argv: list[str] | None = None) -> int:
     token = CURRENT.set(None)
     try:
         code, error = _run(argv)
+        if code == EXIT_STDOUT_CLOSED:
+            return code
         out = CURRENT.get()
         if out is not None:
             out.finish(error.to_dict() if error else None)
         elif error is not None and _json_mode(argv):  # failed before the command made its sink
             write_json(document(None, error.to_dict()))
         return code
+    except BrokenPipeError:  # stdout closed while the document was written
+        return EXIT_STDOUT_CLOSED
     finally:
         CURRENT.reset(token)
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    if code == EXIT_STDOUT_CLOSED:  # nothing may reach the closed pipe when Python flushes stdout on exit
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+    sys.exit(code)
 
 
 if __name__ == "__main__":
