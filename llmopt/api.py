@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import platform
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -134,10 +134,17 @@ def backends() -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for kind, by_name in registry.all_backends().items():
         out[kind] = [
-            {"name": name, "extra": cls.extra, "summary": (cls.__module__ and sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]}
+            {"name": name, "extra": cls.extra, "summary": summary(sys.modules[cls.__module__].__doc__)}
             for name, cls in by_name.items()
         ]
     return out
+
+
+def summary(doc: str | None) -> str:
+    """The first sentence of a docstring, however many lines it spans."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    match = re.match(r"(.+?[.!?])(\s|$)", paragraph)
+    return match.group(1) if match else paragraph
 
 
 def gpus() -> list[dict]:
@@ -164,6 +171,3 @@ def doctor() -> dict:
     report["engines"] = {name: shutil.which(exe) for name, exe in ENGINES.items()}
     return report
 
-
-def to_json(data) -> str:
-    return json.dumps(data, indent=2, default=str)

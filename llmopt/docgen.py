@@ -89,7 +89,7 @@ def recipe_md() -> str:
 def cli_md() -> str:
     import typer.main
 
-    from llmopt.cli.main import app
+    from llmopt.cli.main import app, reference
 
     group = typer.main.get_command(app)
     out = ["# CLI reference", "", "Generated from the commands' help by `python -m llmopt.docgen`; do not edit by hand.", ""]
@@ -103,6 +103,7 @@ def cli_md() -> str:
                 opts = param.name.upper()
             out.append(f"| `{opts}` | {(getattr(param, 'help', '') or '').replace('|', '/')} |")
         out.append("")
+    out.append(reference())
     return "\n".join(out).rstrip() + "\n"
 
 

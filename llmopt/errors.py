@@ -6,13 +6,29 @@ Every error says what is wrong, where, and how to fix it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_STAGE_FAILED = 1
 EXIT_USAGE = 2
 EXIT_GATE_FAILED = 3
 EXIT_MISSING_EXTRA = 4
+EXIT_INTERNAL = 70  # EX_SOFTWARE of sysexits.h: a bug in llmopt or a library, not the user's input
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, as a shell reports `cat` stopped by `| head -1`
+
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_STAGE_FAILED: "a stage failed (or `llmopt verify` found changed files)",
+    EXIT_USAGE: "bad usage or an invalid recipe (including a plan check that failed)",
+    EXIT_GATE_FAILED: "an accuracy gate failed (the artifact and reports are written)",
+    EXIT_MISSING_EXTRA: "a needed extra is not installed, or an installed library cannot be imported",
+    EXIT_INTERNAL: "internal error: an unexpected exception in llmopt or a library (a bug; "
+                   "LLMOPT_DEBUG=1 shows the traceback)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_STDOUT_CLOSED: "stdout was closed before the output was written (a reader such as `head -1` stopped "
+                        "early); llmopt stops quietly, with no traceback",
+}
 
 
 @dataclass
@@ -54,8 +70,9 @@ class LlmoptError(Exception):
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
+        """The ``error`` object of the command's JSON document (docs/cli.md)."""
         return {
-            "error": type(self).__name__,
+            "type": type(self).__name__,
             "exit_code": self.exit_code,
             "what": self.what,
             "where": self.where,
@@ -96,19 +113,23 @@ class MissingExtra(LlmoptError):
         self.extra = extra
 
 
-@dataclass
-class Report:
-    """A list of problems with a helper to raise when any is an error."""
+class MissingDependency(LlmoptError):
+    """A library that is installed cannot be imported: a module it imports is missing or fails."""
 
-    problems: list[Problem] = field(default_factory=list)
+    exit_code = EXIT_MISSING_EXTRA
 
-    def add(self, message: str, where: str = "", hint: str = "", severity: str = "error") -> None:
-        self.problems.append(Problem(message, where, hint, severity))
 
-    @property
-    def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "error"]
+class InternalError(LlmoptError):
+    """An unexpected exception in llmopt or a library it runs: a bug to report, not a mistake in the input."""
 
-    @property
-    def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "warning"]
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, exc: BaseException):
+        super().__init__(f"internal error: {type(exc).__name__}: {exc}",
+                         fix="set LLMOPT_DEBUG=1 to see the traceback, and report it with the command that failed")
+
+
+class Interrupted(LlmoptError):
+    """The user stopped the command (Ctrl-C)."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -11,16 +11,57 @@ import gc
 import importlib
 from importlib.metadata import PackageNotFoundError, version
 
-from llmopt.errors import MissingExtra
+from llmopt.errors import MissingDependency, MissingExtra
 
 
 def require(module: str, extra: str, needed_by: str, package: str | None = None):
-    """Import ``module`` or raise MissingExtra (exit 4) naming the extra to install."""
+    """Import ``module``. When it is not installed, raise MissingExtra (exit 4) naming the extra;
+    when it is installed but one of its own imports fails (a dependency of it is missing),
+    raise MissingDependency (exit 4) naming that module and the package that imports it."""
     try:
         with collector_paused():
             return importlib.import_module(module)
-    except ImportError:
-        raise MissingExtra(package or module, extra, needed_by) from None
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name and (module + ".").startswith(exc.name + "."):
+            raise MissingExtra(package or module, extra, needed_by) from None  # the module or a package above it
+        raise broken_import(exc, module, extra, needed_by, package) from exc
+
+
+def broken_import(exc: ImportError, module: str, extra: str, needed_by: str, package: str | None) -> MissingDependency:
+    """The error for ``module``, installed, whose import raised ``exc`` further down."""
+    importer = _importer(exc) or module
+    top = importer.split(".")[0]
+    owner = _distribution(top) or top
+    head = f"{needed_by} needs '{package or module}', which is installed but cannot be imported"
+    reinstall = f"pip install 'llmopt[{extra}]'"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        missing = exc.name.split(".")[0]
+        return MissingDependency(
+            f"{head}: it needs the module '{exc.name}', which is not installed (imported by {importer}, "
+            f"package {owner})",
+            fix=f"install the package that provides '{missing}' (often `pip install {missing}`), or reinstall "
+                f"the extra so that pip restores what {owner} depends on: {reinstall}")
+    return MissingDependency(f"{head}: importing '{module}' failed in {importer} (package {owner}): {exc}",
+                             fix=f"reinstall the extra at the versions llmopt pins: {reinstall} "
+                                 "(LLMOPT_DEBUG=1 shows the traceback)")
+
+
+def _importer(exc: BaseException) -> str | None:
+    """The module whose import statement raised: the innermost frame outside importlib's machinery."""
+    name, tb = None, exc.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            name = tb.tb_frame.f_globals.get("__name__")
+        tb = tb.tb_next
+    return name
+
+
+def _distribution(top_level: str) -> str | None:
+    """The installed distribution that provides the top-level module (``modelopt``: nvidia-modelopt)."""
+    from importlib.metadata import packages_distributions
+
+    names = packages_distributions().get(top_level)
+    return names[0] if names else None
 
 
 @contextlib.contextmanager

@@ -2,6 +2,10 @@
 
 Modes: ``human`` (tables and text), ``json`` (one JSON document on stdout),
 ``quiet`` (results only, no progress).
+
+In json mode the result is held until the command ends, so that a command that fails
+after computing it (a failed gate, a failed plan check) still prints one document: the
+result with the error inside it (``document``; the CLI entry point writes it).
 """
 
 from __future__ import annotations
@@ -22,20 +26,34 @@ class Output:
         self.mode = mode
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        self.held: Any = None  # json mode: the result, written when the command ends (or at ``flush``)
+        self.written = False  # json mode: the document is on stdout; nothing more goes there
 
     @property
     def chatty(self) -> bool:
         return self.mode == "human"
 
     def result(self, data: Any, human: Callable[[Console], None] | None = None) -> None:
-        """Print the command's result: JSON in json mode, else the human rendering."""
+        """The command's result: held for the one JSON document in json mode, else printed now."""
         if self.mode == "json":
-            sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-            sys.stdout.flush()
+            self.held = data
         elif human is not None:
             human(self.out)
         else:
             self.out.print(data if isinstance(data, str) else json.dumps(data, indent=2, default=str))
+
+    def flush(self) -> None:
+        """Write the held JSON document now, for a command that goes on working after its result
+        (``llmopt serve``); an error after this goes to stderr only."""
+        if self.mode == "json" and not self.written and self.held is not None:
+            write_json(self.held)
+            self.written = True
+
+    def finish(self, error: dict | None = None) -> None:
+        """Write the command's one JSON document, with ``error`` inside when it failed (json mode only)."""
+        if self.mode == "json" and not self.written and (self.held is not None or error is not None):
+            write_json(document(self.held, error))
+            self.written = True
 
     def info(self, message: str) -> None:
         if self.mode != "quiet":
@@ -54,6 +72,23 @@ class Output:
             return
         with self.err.status(message) as status:
             yield lambda text: status.update(f"{message} [dim]{text} ({time.monotonic() - start:.0f}s)[/]")
+
+
+def document(result: Any, error: dict | None) -> Any:
+    """The JSON document of a command: its result; when it failed, the result's keys and
+    ``"error"`` (``{"error": ...}`` alone when there is no result)."""
+    if error is None:
+        return result
+    if result is None:
+        return {"error": error}
+    if isinstance(result, dict):
+        return {**result, "error": error}
+    return {"result": result, "error": error}
+
+
+def write_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def human_size(n: float | None) -> str:

@@ -10,7 +10,6 @@ live in ``cross_stage_rules``.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -470,6 +469,3 @@ def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:
         out["kv_cache"] = estimates.kv_budget(info, plan.gpu.memory_bytes, recipe.target.count, after, max_len)
     return out
 
-
-def plan_json(plan: Plan) -> str:
-    return json.dumps(plan.to_dict(), indent=2, default=str)

@@ -27,10 +27,6 @@ class VerifyFailed(LlmoptError):
         self.report = report
         super().__init__(**kw)
 
-    def to_dict(self) -> dict:
-        """The verification report with the error's fields: one JSON document in ``--format json``."""
-        return {**self.report, **super().to_dict()}
-
 
 def verify_artifact(folder: str | Path) -> dict:
     """``{"ok", "changed", "missing", "extra", ...}`` for the artifact in ``folder``."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -69,8 +71,8 @@ def test_invalid_recipe_json_error_document(capsys, tmp_path):
     path = write_recipe(tmp_path, 'schema_version = 2\nname = "x"\n[model]\nsource = "a/b"\n')
     code, out, _ = call(capsys, "validate", str(path), "--format", "json")
     assert code == 2
-    doc = json.loads(out)
-    assert doc["exit_code"] == 2 and doc["problems"][0]["where"].endswith(":1: schema_version")
+    error = json.loads(out)["error"]
+    assert error["exit_code"] == 2 and error["problems"][0]["where"].endswith(":1: schema_version")
 
 
 def test_unknown_command_and_option_exit_2(capsys):
@@ -91,6 +93,36 @@ def test_help_has_examples(capsys, command):
     assert "Examples:" in out and f"llmopt {command}" in out
 
 
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(capsys, flag):
+    import llmopt
+
+    assert call(capsys, flag) == (0, f"llmopt {llmopt.__version__}\n", "")
+
+
 def test_top_level_help(capsys):
     code, out, _ = call(capsys, "--help")
     assert code == 0 and "llmopt run" in out
+
+
+def test_ls_shows_each_backends_whole_summary(capsys, monkeypatch):
+    code, out, _ = call(capsys, "ls", "backends", "--format", "json")
+    backends = json.loads(out)["backends"]
+    hf = next(b for b in backends["export"] if b["name"] == "hf")
+    assert hf["summary"] == ("Export: the Hugging Face folder as the last stage wrote it (plain safetensors, or "
+                             "compressed-tensors / ModelOpt checkpoints from a quantization step).")
+    summaries = [b["summary"] for items in backends.values() for b in items]
+    assert all(s.endswith(".") and "\n" not in s and ". " not in s for s in summaries), summaries  # one sentence
+    monkeypatch.setenv("COLUMNS", "400")  # the table, wide enough not to wrap
+    code, out, _ = call(capsys, "ls", "backends")
+    assert code == 0 and "checkpoints from a quantization step)." in out
+
+
+@pytest.mark.parametrize("args", [("ls", "--format", "json"), ("ls",), ("plan", QUICKSTART), ("--help",)])
+def test_closed_stdout_ends_quietly_with_141(args):
+    """`llmopt ls --format json | head -1`: the reader is gone before llmopt writes."""
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,6 +21,21 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        import llmopt
+
+        typer.echo(f"llmopt {llmopt.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
+                                               help="Print llmopt's version and exit.")] = False) -> None:
+    pass
+
+
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output: human, json (one JSON document on stdout) or quiet.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a recipe key: -s calibration.samples=16 (repeatable).")]
@@ -30,10 +46,17 @@ OfflineOpt = Annotated[bool, typer.Option("--offline", help=(
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Artifact folder (default: the recipe's output.dir or artifacts/<name>).")]
 
 
+# The sink of the command now running: the entry point writes its JSON document when it ends.
+CURRENT: ContextVar[Optional[Output]] = ContextVar("llmopt_output", default=None)
+
+
 def sink(fmt: str) -> Output:
+    """The command's output sink (every command makes one, first thing)."""
     from llmopt.errors import UsageError
     from llmopt.output import MODES
 
     if fmt not in MODES:
         raise UsageError(f"unknown output format {fmt!r}", fix=f"use one of: {', '.join(MODES)}")
-    return Output(fmt)
+    out = Output(fmt)
+    CURRENT.set(out)
+    return out

@@ -57,6 +57,7 @@ def serve(
             "max_model_len": served.max_model_len, "max_queue": max_queue}
     out.result(info, lambda c: c.print(f"serving [bold]{served.name}[/] ({served.format}, {served.runtime.name}, "
                                        f"context {served.max_model_len}) at {info['url']}"))
+    out.flush()  # the document now: the command serves until it is stopped
     if host not in LOOPBACK:
         out.warn(f"listening on {host}: anyone who can reach this machine can use the server (no authentication)")
     server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning")

@@ -31,8 +31,7 @@ def verify(
 
     out = sink(format)
     report = verify_artifact(artifact)
-    if report["ok"] or format != "json":  # in json mode a failure's document is the error's (report included)
-        out.result(report, lambda c: _show(c, report))
+    out.result(report, lambda c: _show(c, report))
     if not report["ok"]:
         raise failure(report)
 

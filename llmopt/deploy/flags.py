@@ -172,14 +172,6 @@ SGLANG_TYPES: dict[str, Any] = {
 }
 
 TRTLLM_VERSION = "1.2.1"
-TRTLLM_SERVE_OPTIONS = frozenset("""
-tokenizer custom_tokenizer host port backend custom_module_dirs log_level max_beam_width max_batch_size max_num_tokens
-max_seq_len tensor_parallel_size tp_size pipeline_parallel_size pp_size context_parallel_size cp_size
-moe_expert_parallel_size ep_size moe_cluster_parallel_size cluster_size gpus_per_node free_gpu_memory_fraction
-kv_cache_free_gpu_memory_fraction num_postprocess_workers trust_remote_code revision config extra_llm_api_options
-reasoning_parser tool_parser metadata_server_config_file server_role fail_fast_on_attention_window_too_large
-otlp_traces_endpoint disagg_cluster_uri enable_chunked_prefill media_io_kwargs chat_template
-""".split())
 TRTLLM_TYPES: dict[str, Any] = {  # TorchLlmArgs keys of the --config YAML
     "dtype": ("auto", "float16", "bfloat16", "float32"),
     "max_batch_size": int, "max_num_tokens": int, "max_seq_len": int, "max_beam_width": int,

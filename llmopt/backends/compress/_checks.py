@@ -150,10 +150,6 @@ def quantizer(ctx, name: str, calibrates: bool) -> list[Problem]:
     return problems
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def group_overhead_bits(bits: int, group_size: int | None, scale_bits: int = 16, zero_bits: int = 0) -> float:
     """Bits per weight including one scale (and zero point) per group."""
     if not group_size:

@@ -1,0 +1,81 @@
+"""``require``: a missing extra, and an installed library that cannot be imported, told apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmopt.errors import EXIT_MISSING_EXTRA, MissingDependency, MissingExtra
+from llmopt.libraries import require
+
+ABSENT = "llmopt_test_absent_module"  # imported by the throwaway packages below; installed nowhere
+
+
+def throwaway_package(root, name: str, body: str, distribution: str | None = None) -> None:
+    """``root/name/`` whose submodule ``inner`` runs ``body`` on import (the package imports it),
+    with a dist-info naming ``distribution`` when given, as pip would install it."""
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text(f"from {name} import inner  # noqa: F401\n")
+    (package / "inner.py").write_text(body + "\n")
+    if distribution:
+        info = root / f"{distribution.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
+        (info / "top_level.txt").write_text(f"{name}\n")
+
+
+@pytest.fixture()
+def on_path(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_a_module_that_is_not_installed_is_a_missing_extra(on_path):
+    with pytest.raises(MissingExtra) as info:
+        require(ABSENT, "compress", "the test stage")
+    assert info.value.exit_code == EXIT_MISSING_EXTRA
+    assert info.value.what == f"the test stage needs the Python package '{ABSENT}', which is not installed"
+    with pytest.raises(MissingExtra):  # a submodule of a package that is not installed: the same
+        require(f"{ABSENT}.quantization", "compress", "the test stage", package="absent-dist")
+
+
+def test_a_dependency_missing_under_an_installed_package_is_named(on_path):
+    # the case seen on a GPU machine: modelopt installed, its dependency pulp not
+    throwaway_package(on_path, "brokenpkg", f"import {ABSENT}", distribution="broken-pkg")
+    with pytest.raises(MissingDependency) as info:
+        require("brokenpkg", "modelopt", "the modelopt_fp8 stage", package="broken-pkg")
+    err = info.value
+    assert err.exit_code == EXIT_MISSING_EXTRA
+    assert err.what.startswith("the modelopt_fp8 stage needs 'broken-pkg', which is installed but cannot be imported")
+    assert f"the module '{ABSENT}', which is not installed" in err.what
+    assert "imported by brokenpkg.inner, package broken-pkg" in err.what
+    assert f"pip install {ABSENT}" in err.fix and "pip install 'llmopt[modelopt]'" in err.fix
+
+
+def test_a_missing_dependency_is_named_without_package_metadata(on_path):
+    throwaway_package(on_path, "loosepkg", f"import {ABSENT}.sub")
+    with pytest.raises(MissingDependency) as info:
+        require("loosepkg", "compress", "the test stage")
+    assert f"the module '{ABSENT}', which is not installed" in info.value.what
+    assert "imported by loosepkg.inner, package loosepkg" in info.value.what
+
+
+def test_an_installed_package_whose_import_fails_says_why(on_path):
+    throwaway_package(on_path, "clashpkg", "from json import no_such_name")
+    with pytest.raises(MissingDependency) as info:
+        require("clashpkg", "ort", "the onnx export")
+    assert "importing 'clashpkg' failed" in info.value.what
+    assert "cannot import name 'no_such_name' from 'json'" in info.value.what
+    assert "pip install 'llmopt[ort]'" in info.value.fix
+
+
+def test_the_cli_reports_a_missing_dependency_with_exit_4(on_path, capsys, monkeypatch, tmp_path):
+    from llmopt import libraries
+    from llmopt.cli import ls
+    from llmopt.cli.main import main
+
+    throwaway_package(on_path, "brokenpkg", f"import {ABSENT}")
+    monkeypatch.setattr(ls, "_show", lambda console, doc: libraries.require("brokenpkg", "compress", "ls"))
+    assert main(["ls", "gpus"]) == 4
+    err = capsys.readouterr().err
+    assert f"the module '{ABSENT}', which is not installed" in err and "Traceback" not in err
