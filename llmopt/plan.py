@@ -10,6 +10,7 @@ live in ``cross_stage_rules``.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,9 +229,12 @@ class _Builder:
             else:
                 roles = [(f"eval.{item.name}.baseline", "baseline", source, None),
                          (f"eval.{item.name}.candidate", "candidate", target, served)]
+            checked = set()  # each variant of the options is checked once, whatever the roles
             for name, role, model_stage, url in roles:
                 opts = options if url is None else served_options(options, url, item)
-                self.problems += registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index)))
+                if url not in checked:
+                    self.problems += registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index)))
+                    checked.add(url)
                 self.add(Stage(name, "eval", item.kind, ("eval", index), opts, {"model": model_stage.name},
                                {"data_sha256": digest}, role=role, volatile=url is not None))
 
