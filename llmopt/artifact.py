@@ -25,7 +25,7 @@ from pathlib import Path
 import llmopt
 from llmopt import reports
 from llmopt.libraries import versions
-from llmopt.cache import file_digests, place_tree, write_json
+from llmopt.cache import checksums, place_tree, write_json
 from llmopt.plan import Plan
 
 
@@ -125,13 +125,6 @@ def _machine() -> dict:
     import platform
 
     return {"platform": platform.platform(), "python": platform.python_version()}
-
-
-def checksums(root: Path, algorithm: str = "blake3") -> dict[str, str]:
-    """The digest of every file under ``root`` but the manifest, by relative path."""
-    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != "manifest.json"]
-    digests = file_digests(files, algorithm)
-    return {str(p.relative_to(root)): digests[p] for p in files}
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:

@@ -88,6 +88,13 @@ def file_digests(paths: list[Path], algorithm: str = "blake3") -> dict[Path, str
         return dict(zip(paths, pool.map(sha256_file, paths)))
 
 
+def checksums(root: Path, algorithm: str = "blake3") -> dict[str, str]:
+    """The digest of every file under ``root`` but the manifest, by relative path."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != "manifest.json"]
+    digests = file_digests(files, algorithm)
+    return {str(p.relative_to(root)): digests[p] for p in files}
+
+
 class Cache:
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root else default_root()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt.cache import CHECKSUMS
+from llmopt.cache import CHECKSUMS, checksums
 from llmopt.errors import EXIT_STAGE_FAILED, LlmoptError, UsageError
 
 
@@ -30,8 +30,6 @@ class VerifyFailed(LlmoptError):
 
 def verify_artifact(folder: str | Path) -> dict:
     """``{"ok", "changed", "missing", "extra", ...}`` for the artifact in ``folder``."""
-    from llmopt.artifact import checksums
-
     root = Path(folder)
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():

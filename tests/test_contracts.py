@@ -198,3 +198,46 @@ def test_require_pauses_the_collector_while_importing(tmp_path, monkeypatch):
         assert not gc.isenabled()  # a collector the caller paused stays paused
     finally:
         gc.enable()
+
+
+# The layers of the package, lowest first: a module may import its own layer and those below.
+LAYERS = [
+    ["llmopt", "llmopt.errors", "llmopt.sysinfo", "llmopt.libraries", "llmopt.formats", "llmopt.catalog",
+     "llmopt.modelinfo", "llmopt.output"],
+    ["llmopt.recipe", "llmopt.registry", "llmopt.cache", "llmopt.data", "llmopt.calibration", "llmopt.estimates",
+     "llmopt.memory", "llmopt.gate", "llmopt.verify"],
+    ["llmopt.runtimes", "llmopt.evalkit", "llmopt.deploy", "llmopt.validate_engine", "llmopt.backends"],
+    ["llmopt.stages", "llmopt.plan"],
+    ["llmopt.reports", "llmopt.artifact", "llmopt.runner", "llmopt.evaluate"],
+    ["llmopt.api", "llmopt.bench", "llmopt.server"],
+    ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of the longest prefix of ``module`` the table names."""
+    found = [(len(name), i) for i, names in enumerate(LAYERS) for name in names
+             if module == name or module.startswith(name + ".")]
+    return max(found)[1] if found else None
+
+
+def test_no_lower_layer_imports_a_higher_one():
+    import ast
+
+    violations, unplaced = [], []
+    for path in sorted((ROOT / "llmopt").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        mine = layer_of(module)
+        if mine is None:
+            unplaced.append(module)
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):  # imports inside functions count too
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llmopt"):
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names if alias.name.startswith("llmopt")]
+            else:
+                continue
+            violations += [f"{module} imports {name}" for name in names if (layer_of(name) or 0) > mine]
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+    assert not violations
