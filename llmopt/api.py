@@ -58,12 +58,13 @@ def validate(path: str | Path, overrides=()) -> LoadedRecipe:
     return validation(path, overrides).loaded
 
 
-def plan(path: str | Path, overrides=(), cache_dir=None, output_dir=None) -> Plan:
-    return build_plan(load_recipe(path, overrides), cache_dir, output_dir)
+def plan(path: str | Path, overrides=(), cache_dir=None, output_dir=None, strict: bool = False) -> Plan:
+    return build_plan(load_recipe(path, overrides), cache_dir, output_dir, strict=strict)
 
 
-def run(path: str | Path, overrides=(), force=None, cache_dir=None, output_dir=None, out: Output | None = None) -> RunResult:
-    return run_plan(plan(path, overrides, cache_dir, output_dir), out, force)
+def run(path: str | Path, overrides=(), force=None, cache_dir=None, output_dir=None, out: Output | None = None,
+        strict: bool = False) -> RunResult:
+    return run_plan(plan(path, overrides, cache_dir, output_dir, strict), out, force)
 
 
 def shipped_recipes() -> list[dict]:

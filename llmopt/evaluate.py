@@ -36,7 +36,7 @@ GATE_KEYS = tuple(k for k in GATE_FIELDS if k not in ("name", "kind")) + ("inter
 
 def evaluate(recipe: str | Path, overrides=(), model: str | Path | None = None, endpoint: str | None = None,
              candidate: str | Path | None = None, cache_dir=None, output=None, out: Output | None = None,
-             force: list[str] | None = None) -> RunResult:
+             force: list[str] | None = None, strict: bool = False) -> RunResult:
     """Score the recipe's evals on one model, or baseline against ``candidate`` with the gates."""
     if endpoint and candidate:
         raise UsageError("--endpoint and --candidate together are ambiguous",
@@ -47,7 +47,7 @@ def evaluate(recipe: str | Path, overrides=(), model: str | Path | None = None, 
     if not loaded.recipe.eval:
         raise UsageError(f"{loaded.path} has no [[eval]] table", fix="add one (`llmopt schema` lists the keys)")
     plan = build_plan(loaded, cache_dir, output, scope="eval", baseline=model, endpoint=endpoint,
-                      candidate=None if candidate is None else str(candidate))
+                      candidate=None if candidate is None else str(candidate), strict=strict)
     return run_plan(plan, out, force)
 
 

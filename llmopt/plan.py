@@ -115,13 +115,13 @@ def resolve_cache(cache_dir: str | Path | None, loaded: LoadedRecipe) -> Cache:
 
 def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None, *,
                scope: str = "run", baseline: str | Path | None = None, candidate: str | None = None,
-               endpoint: str | None = None, facts: bool = True) -> Plan:
+               endpoint: str | None = None, facts: bool = True, strict: bool = False) -> Plan:
     """The plan of ``llmopt run`` (scope "run") or of ``llmopt eval`` (scope "eval": the recipe's source, or
     ``baseline``, scored alone or against ``candidate``, a model or artifact folder or an endpoint URL;
     ``endpoint``: score the source through that server). The model's facts come from its config.json or
     GGUF header (for a hub id: from the hub, or from its local cache when HF_HUB_OFFLINE=1). ``facts=False``
     reads nothing of the model: the source check and every check that needs facts are skipped
-    (`llmopt validate`)."""
+    (`llmopt validate`). ``strict``: every warning is an error."""
     recipe = loaded.recipe
     cache = resolve_cache(cache_dir, loaded)
     gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None  # the loader checked the name
@@ -143,6 +143,9 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     stages = builder.stages
     if scope == "run":
         problems += cross_stage_rules(loaded, stages, builder.info, gpu)
+    if strict:
+        for problem in problems:
+            problem.severity = "error"
     assign_keys(stages)
     default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
     out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)

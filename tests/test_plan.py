@@ -121,3 +121,16 @@ def test_every_shipped_recipe_validates_and_plans():
         plan = api.plan(item["path"])
         assert not plan.errors, (item["name"], [str(p) for p in plan.errors])
         assert item["purpose"], f"{item['name']} needs a purpose comment on its first line"
+
+
+def test_strict_makes_every_warning_an_error(tiny_model, tmp_path):
+    from llmopt import api
+    from llmopt.cli.main import main
+
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, 'runtime = "transformers"\nendpoint = "http://127.0.0.1:1/v1"\n'))
+    warned = api.plan(recipe)
+    assert not warned.errors and any("the URL is ignored" in p.message for p in warned.problems)
+    strict = api.plan(recipe, strict=True)
+    assert [p.message for p in strict.errors] == [p.message for p in warned.problems]
+    assert main(["plan", str(recipe), "-f", "quiet"]) == 0
+    assert main(["plan", str(recipe), "--strict", "-f", "quiet"]) == 2

@@ -43,6 +43,9 @@ CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Stage cac
 OfflineOpt = Annotated[bool, typer.Option("--offline", help=(
     "Work without the Hugging Face hub, as HF_HUB_OFFLINE=1 does: a hub model's config.json and files come from the "
     "local hub cache; plan-time checks that need a config.json not there are skipped with a warning."))]
+StrictOpt = Annotated[bool, typer.Option("--strict", help=(
+    "Treat every plan-time warning as an error (exit 2): e.g. calibration data that yields fewer sequences than "
+    "samples asks for, or eval data from the calibration data's source."))]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Artifact folder (default: the recipe's output.dir or artifacts/<name>).")]
 
 

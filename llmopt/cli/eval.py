@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmopt.cli.app import CacheOpt, FormatOpt, RecipeArg, SetOpt, app, sink
+from llmopt.cli.app import CacheOpt, FormatOpt, RecipeArg, SetOpt, StrictOpt, app, sink
 
 ReportsOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder for report.json, report.md, junit.xml and per-example scores (default: reports/<recipe name>).")]
 
@@ -22,6 +22,7 @@ def eval_(
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run these stages even when cached (a name or prefix such as eval, or 'all').")] = None,
     cache_dir: CacheOpt = None,
     output: ReportsOpt = None,
+    strict: StrictOpt = False,
     format: FormatOpt = "human",
 ) -> None:
     """Run a recipe's evals without compressing: on its source, a model folder or a served endpoint.
@@ -44,7 +45,7 @@ def eval_(
 
     out = sink(format)
     try:
-        result = evaluate(recipe, set_ or [], model, endpoint, candidate, cache_dir, output, out, force)
+        result = evaluate(recipe, set_ or [], model, endpoint, candidate, cache_dir, output, out, force, strict)
     except GateFailed as err:
         result = getattr(err, "result", None)
         if result is not None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 
-from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, OutputOpt, RecipeArg, SetOpt, app, sink
+from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, OutputOpt, RecipeArg, SetOpt, StrictOpt, app, sink
 from llmopt.output import human_size
 
 
 @app.command()
 def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, output: OutputOpt = None,
-         offline: OfflineOpt = False, format: FormatOpt = "human") -> None:
+         offline: OfflineOpt = False, strict: StrictOpt = False, format: FormatOpt = "human") -> None:
     """Plan a recipe: ordered stages with cache keys, plan-time checks and resource estimates.
 
     Reads config.json (or the GGUF header) only, never the weights; for a hub model, one request to
@@ -30,7 +30,7 @@ def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, out
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"  # for every library this process loads, as the variable itself does
     out = sink(format)
-    the_plan = api.plan(recipe, set_ or [], cache_dir, output)
+    the_plan = api.plan(recipe, set_ or [], cache_dir, output, strict)
     out.result(the_plan.to_dict(), lambda c: _show(c, the_plan))
     if the_plan.errors:
         raise RecipeError(f"{the_plan.recipe.path}: {len(the_plan.errors)} check(s) failed", problems=the_plan.errors,

@@ -8,7 +8,7 @@ import typer
 
 import os
 
-from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, OutputOpt, RecipeArg, SetOpt, app, sink
+from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, OutputOpt, RecipeArg, SetOpt, StrictOpt, app, sink
 
 
 @app.command()
@@ -19,6 +19,7 @@ def run(
     cache_dir: CacheOpt = None,
     output: OutputOpt = None,
     offline: OfflineOpt = False,
+    strict: StrictOpt = False,
     format: FormatOpt = "human",
 ) -> None:
     """Run a recipe: source, compression, export, evaluation, gates, deploy configs, artifact.
@@ -41,7 +42,7 @@ def run(
         os.environ["HF_HUB_OFFLINE"] = "1"  # for every library the run loads, as the variable itself does
     out = sink(format)
     try:
-        result = api.run(recipe, set_ or [], force, cache_dir, output, out)
+        result = api.run(recipe, set_ or [], force, cache_dir, output, out, strict)
     except GateFailed as err:
         result = getattr(err, "result", None)
         if result is not None:
