@@ -11,6 +11,7 @@ result with the error inside it (``document``; the CLI entry point writes it).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -21,11 +22,25 @@ from rich.console import Console
 MODES = ("human", "json", "quiet")
 
 
+def terminal(stream):
+    """``stream`` on a descriptor of its own when it is the process's standard error: while a stage
+    runs, the runner points descriptor 2 at the run log (native libraries write there), and progress
+    must still reach the terminal."""
+    try:
+        if stream.fileno() == 2:
+            stream.flush()
+            return os.fdopen(os.dup(2), "w", encoding=getattr(stream, "encoding", None) or "utf-8",
+                             errors="replace", buffering=1)
+    except (AttributeError, OSError, ValueError):  # a captured or closed stream: use it as it is
+        pass
+    return stream
+
+
 class Output:
     def __init__(self, mode: str = "human"):
         self.mode = mode
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        self.err = Console(file=terminal(sys.stderr), highlight=False, soft_wrap=True)
         self.held: Any = None  # json mode: the result, written when the command ends (or at ``flush``)
         self.written = False  # json mode: the document is on stdout; nothing more goes there
 

@@ -294,7 +294,9 @@ def _open_log(plan: Plan) -> tuple[Path, logging.Logger]:
 
 @contextlib.contextmanager
 def _quiet_libraries(log: logging.Logger):
-    """Send library prints, warnings and logs to the run log instead of the terminal."""
+    """Send library prints, warnings and logs to the run log instead of the terminal: Python's
+    (print, warnings, logging) and native code's too (torch's and ONNX Runtime's C++ warnings write
+    to file descriptors 1 and 2 directly)."""
     handler = log.handlers[0]
     stream = handler.stream
     root = logging.getLogger()
@@ -303,7 +305,7 @@ def _quiet_libraries(log: logging.Logger):
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
     try:
-        with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+        with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream), _native_output_to(stream):
             _route_transformers()
             yield
     finally:
@@ -311,6 +313,29 @@ def _quiet_libraries(log: logging.Logger):
         logging.captureWarnings(False)
         root.removeHandler(handler)
         root.setLevel(saved_level)
+
+
+@contextlib.contextmanager
+def _native_output_to(stream):
+    """File descriptors 1 and 2 point at ``stream``'s file for the block. The terminal's progress keeps
+    its own descriptor (``llmopt.output.terminal``), so the spinner still reaches the terminal."""
+    saved = []
+    try:
+        for fd in (1, 2):
+            for std in (sys.__stdout__, sys.__stderr__):
+                if std is not None and std.fileno() == fd:
+                    std.flush()
+            saved.append((fd, os.dup(fd)))
+            os.dup2(stream.fileno(), fd)
+    except OSError:  # no such descriptors (an embedding host): Python-level routing only
+        pass
+    try:
+        yield
+    finally:
+        stream.flush()
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def _route_transformers() -> None:

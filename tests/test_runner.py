@@ -188,3 +188,42 @@ def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_pa
     sealed = store.manifest("k1")  # written by the background job, after the folder moved out of tmp/
     assert sealed["outputs"] == {"model_dir": "model", "size": 3, "where": str(store.path("k1"))} == records[0].outputs
     assert store.state("k1") == "whole" and sealed["timing"]["deferred_seconds"] >= 0
+
+
+def test_native_output_of_a_stage_goes_to_the_run_log(tmp_path, capfd):
+    """torch's and ONNX Runtime's C++ warnings write to descriptors 1 and 2 directly, not through
+    sys.stdout / sys.stderr: they must reach the run log, not the terminal or a JSON document."""
+    import logging
+    from types import SimpleNamespace
+
+    from llmopt import cache, runner
+    from llmopt.output import Output
+
+    class Native:
+        def run(self, options, ctx):
+            os.write(1, b"native print\n")
+            os.write(2, b"[W native warning]\n")
+            print("python print")
+            return {}
+
+    store = cache.Cache(tmp_path / "cache")
+    stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Native(),
+                            options=SimpleNamespace(model_dump=lambda mode: {}), material={}, volatile=False)
+    plan = SimpleNamespace(cache=store, stages=[stage], recipe=SimpleNamespace(path=tmp_path / "r.toml"),
+                           stage=lambda name: stage, model=None, gpu=None)
+    log = logging.getLogger("llmopt.test.native")
+    log.addHandler(logging.FileHandler(tmp_path / "run.log"))
+    out = Output("human")
+    try:
+        runner.execute_stages(plan, out, log, "cpu")
+    finally:
+        for handler in list(log.handlers):
+            handler.close()
+            log.removeHandler(handler)
+    captured = capfd.readouterr()
+    assert "native" not in captured.out + captured.err and "python print" not in captured.out
+    assert "source" in captured.err  # progress still reaches the terminal
+    text = (tmp_path / "run.log").read_text()
+    assert "native print" in text and "[W native warning]" in text and "python print" in text
+    os.write(1, b"after\n")  # the descriptors are the terminal's again
+    assert capfd.readouterr().out == "after\n"
