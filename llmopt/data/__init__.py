@@ -4,13 +4,13 @@ Each built-in is described in ``BUILTIN`` (file, domain, sources, role); SOURCES
 beside this file says where each was cut from and under which licence.
 
 Calibration: ``builtin:mix`` (fiction, scripture, reference entries, verse drama, an
-essay and Python code; about 46k tokens with the demo model's tokenizer) and
-``builtin:prose`` (short science prose written for llmopt; about 7.8k tokens, 30 rows
-of 256). Evaluation, each drawn from sources that neither calibration set uses:
-``builtin:prose-eval`` (science prose written for llmopt, the same style as
-``builtin:prose``), ``builtin:fiction-eval``, ``builtin:encyclopedia-eval``,
-``builtin:dialogue-eval``, ``builtin:code-eval``, and the example sets ``builtin:mc``
-(multiple choice) and ``builtin:qa`` (short-answer generation).
+essay and Python code; about 46k tokens with the demo model's tokenizer, the default) and
+``builtin:prose`` (short science prose written for llmopt; about 7.7k tokens, 30 rows of
+256). Evaluation, none of it from a source of ``builtin:mix``: ``builtin:fiction-eval``,
+``builtin:encyclopedia-eval``, ``builtin:dialogue-eval``, ``builtin:code-eval``,
+``builtin:prose-eval`` (science prose written with ``builtin:prose``, in its style: not held
+out from it), and the example sets ``builtin:mc`` (multiple choice) and ``builtin:qa``
+(short-answer generation).
 """
 
 from __future__ import annotations
