@@ -9,6 +9,10 @@ end-of-sequence token between documents and cut into rows of exactly
 data therefore give the same rows on every machine, which is what the stage cache
 key (it holds the data's SHA-256) promises.
 
+At plan time ``plan_yield`` counts how many rows the data fills, with the model's own
+tokenizer where one is on this machine (``llmopt.data.counting``), else estimated from
+characters, so that a shortfall is said before the run.
+
 Consumers: llm-compressor wants a ``datasets.Dataset`` with ``input_ids`` and
 ``attention_mask`` (``as_dataset``); ModelOpt forward loops and the pruning
 backends want tensors (``as_batches``).
@@ -21,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt import data as datasets
+from llmopt.data import counting
 from llmopt.errors import Problem, StageFailed
+
+PLAN_READ_LIMIT = 64 << 20  # bytes: larger calibration files are not read at plan time
 
 
 @dataclass
@@ -42,6 +49,50 @@ def check(calibration, base: Path, where: str) -> list[Problem]:
     """Plan-time problems of the [calibration] section (the data spec only; no tokenizing)."""
     problem = datasets.check_spec(calibration.data, base)
     return [Problem(problem, where)] if problem else []
+
+
+@dataclass
+class Yield:
+    """How many rows of ``max_seq_len`` tokens the calibration data fills, as the planner counts it."""
+
+    rows: int
+    tokens: int
+    characters: int
+    documents: int
+    counted: bool  # with the model's tokenizer; False: estimated from characters
+    complete: bool  # every document counted (counting stops once ``samples`` rows are filled)
+
+    @property
+    def basis(self) -> str:
+        if self.counted:
+            return "counted with the model's tokenizer"
+        return f"estimated at {counting.CHARS_PER_TOKEN:g} characters a token: no tokenizer of the model on this machine"
+
+
+def plan_yield(calibration, model, base: Path | None = None, tokenizer=False) -> Yield | None:
+    """The rows ``calibration`` fills for ``model`` (the recipe's [model] section), without weights.
+
+    None when the data cannot be read here (hub data, a missing file, a file over
+    ``PLAN_READ_LIMIT``). Text of at least ``MAX_CHARS_PER_TOKEN`` characters per token asked for
+    is taken as enough without tokenizing. ``tokenizer``: a ``tokenizers.Tokenizer`` to count
+    with, None to estimate, or False (default) to find the model's own."""
+    path = datasets.resolve(calibration.data, base)
+    if path is None or not path.is_file() or path.stat().st_size > PLAN_READ_LIMIT:
+        return None
+    try:
+        texts = [t for t in datasets.load_texts(calibration.data, calibration.text_field, base) if t and t.strip()]
+    except Exception:  # noqa: BLE001 - unreadable data is the run's error to report, with its own message
+        return None
+    need = calibration.samples * calibration.max_seq_len
+    chars = sum(len(t) for t in texts)
+    plenty = chars >= need * counting.MAX_CHARS_PER_TOKEN
+    if tokenizer is False and not plenty:
+        tokenizer = counting.model_tokenizer(model.source, base, getattr(model, "revision", None))
+    if plenty or tokenizer in (None, False):
+        tokens = int(chars / counting.CHARS_PER_TOKEN) + len(texts)
+        return Yield(tokens // calibration.max_seq_len, tokens, chars, len(texts), False, True)
+    tokens, complete = counting.count_tokens(texts, tokenizer, stop_at=need)
+    return Yield(tokens // calibration.max_seq_len, tokens, chars, len(texts), True, complete)
 
 
 def ordered_texts(texts: list[str], seed: int) -> list[str]:

@@ -1,34 +1,109 @@
 """Text and example sets: the built-in ones shipped here, local files, hub datasets.
 
-Built-ins were written for llmopt: ``builtin:prose`` (calibration prose),
-``builtin:prose-eval`` (held-out prose for perplexity), ``builtin:mc`` (multiple
-choice), ``builtin:qa`` (short-answer generation).
+Each built-in is described in ``BUILTIN`` (file, domain, sources, role); SOURCES.md
+beside this file says where each was cut from and under which licence.
+
+Calibration: ``builtin:mix`` (fiction, scripture, reference entries, verse drama, an
+essay and Python code; about 46k tokens with the demo model's tokenizer, the default) and
+``builtin:prose`` (short science prose written for llmopt; about 7.7k tokens, 30 rows of
+256). Evaluation, none of it from a source of ``builtin:mix``: ``builtin:fiction-eval``,
+``builtin:encyclopedia-eval``, ``builtin:dialogue-eval``, ``builtin:code-eval``,
+``builtin:prose-eval`` (science prose written with ``builtin:prose``, in its style: not held
+out from it), and the example sets ``builtin:mc`` (multiple choice) and ``builtin:qa``
+(short-answer generation).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt.errors import UsageError
 
 HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A data set shipped with llmopt."""
+
+    file: str  # in this folder
+    domain: str  # what kind of text it is, as reports name it
+    sources: tuple[str, ...]  # the works it was cut from; sets sharing one are not held out from each other
+    role: str  # "calibration" or "eval"
+    about: str
+
+    @property
+    def path(self) -> Path:
+        return HERE / self.file
+
+
+MIX_SOURCES = ("melville-moby-dick", "kjv-bible", "jargon-file", "bierce-devils-dictionary", "milton-comus",
+               "milton-areopagitica", "markovify", "attrs")
 BUILTIN = {
-    "prose": HERE / "prose_calib.txt",
-    "prose-eval": HERE / "prose_eval.txt",
-    "mc": HERE / "mc.jsonl",
-    "qa": HERE / "qa.jsonl",
+    "prose": Builtin("prose_calib.txt", "science prose", ("llmopt-prose",), "calibration",
+                     "short science and technology explanations written for llmopt"),
+    "mix": Builtin("calib_mix.jsonl", "mixed: fiction, scripture, reference, verse drama, essay, Python code",
+                   MIX_SOURCES, "calibration", "public-domain and permissively licensed text of six kinds"),
+    "prose-eval": Builtin("prose_eval.txt", "science prose", ("llmopt-prose",), "eval",
+                          "held-out science prose written for llmopt, in the style of builtin:prose"),
+    "fiction-eval": Builtin("fiction_eval.txt", "narrative fiction", ("austen-persuasion",), "eval",
+                            "Jane Austen, Persuasion (1818), chapters 1-4"),
+    "encyclopedia-eval": Builtin("encyclopedia_eval.txt", "encyclopedic", ("eb1911-shakespeare",), "eval",
+                                 "the Encyclopaedia Britannica (1911) article on Shakespeare, its first part"),
+    "dialogue-eval": Builtin("dialogue_eval.txt", "dialogue (a play)", ("shakespeare-much-ado",), "eval",
+                             "William Shakespeare, Much Ado About Nothing, acts 1-2 and act 3 scene 1"),
+    "code-eval": Builtin("code_eval.jsonl", "code (Python)", ("cpython-stdlib",), "eval",
+                         "four modules of the CPython 3.11 standard library"),
+    "mc": Builtin("mc.jsonl", "multiple-choice questions", ("llmopt-mc",), "eval",
+                  "200 multiple-choice questions written for llmopt"),
+    "qa": Builtin("qa.jsonl", "short-answer questions", ("llmopt-qa",), "eval",
+                  "150 short-answer questions written for llmopt"),
 }
+
+
+def builtin(spec: str) -> Builtin | None:
+    """The built-in a ``builtin:<name>`` spec names, None for other specs (unknown names raise)."""
+    if not spec.startswith("builtin:"):
+        return None
+    name = spec.split(":", 1)[1]
+    if name not in BUILTIN:
+        raise UsageError(f"unknown built-in data {spec!r}", fix=f"use one of: {', '.join('builtin:' + n for n in BUILTIN)}")
+    return BUILTIN[name]
+
+
+def domain(spec: str, base: Path | None = None) -> str | None:
+    """The kind of text a data spec holds: a built-in's recorded domain; for a local .jsonl file, the
+    ``domain`` field its records give (the first 10,000; several values: "mixed: a, b"); else None."""
+    shipped = builtin(spec)
+    if shipped is not None:
+        return shipped.domain
+    path = resolve(spec, base)
+    if path is None or path.suffix != ".jsonl" or not path.is_file():
+        return None
+    seen: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= 10_000:
+                break
+            try:
+                value = json.loads(line).get("domain") if line.strip() else None
+            except (ValueError, AttributeError):
+                return None
+            if value and str(value) not in seen:
+                seen.append(str(value))
+    if not seen:
+        return None
+    return seen[0] if len(seen) == 1 else "mixed: " + ", ".join(seen)
 
 
 def resolve(spec: str, base: Path | None = None) -> Path | None:
     """The local file a data spec names, or None for a hub dataset."""
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN:
-            raise UsageError(f"unknown built-in data {spec!r}", fix=f"use one of: {', '.join('builtin:' + n for n in BUILTIN)}")
-        return BUILTIN[name]
+    shipped = builtin(spec)
+    if shipped is not None:
+        return shipped.path
     if spec.startswith("hf:"):
         return None
     path = Path(spec).expanduser()

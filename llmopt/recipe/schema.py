@@ -55,9 +55,10 @@ class ModelSection(Section):
 
 class CalibrationSection(Section):
     data: str = Field(
-        "builtin:prose",
-        description="Calibration text: `builtin:prose` (shipped), a local .txt/.jsonl/.parquet file, "
-        "or `hf:<dataset>[:<config>]:<split>` (needs the hub).",
+        "builtin:mix",
+        description="Calibration text: `builtin:mix` (shipped: fiction, scripture, reference, verse drama, an essay "
+        "and Python code, about 46k tokens), `builtin:prose` (shipped: short science prose, about 7.7k tokens), "
+        "a local .txt/.jsonl/.parquet file, or `hf:<dataset>[:<config>]:<split>` (needs the hub).",
     )
     samples: int = Field(32, ge=1, le=100_000, description="Number of calibration sequences.")
     max_seq_len: int = Field(256, ge=8, le=131_072, description="Tokens per calibration sequence.")

@@ -8,7 +8,9 @@
   against this machine's available RAM and, when a target GPU is named, its memory;
 * GPU capability: FP8 / NVFP4 compute needs a recent GPU (said here only when the
   recipe has no [serve] section; the serve backends own the engine x GPU table);
-* calibration data: the spec in [calibration] must name readable data.
+* calibration data: the spec in [calibration] must name readable data, and a warning when
+  it fills fewer rows than ``samples`` asks for (counted with the model's tokenizer where it
+  is on this machine, ``llmopt.calibration.plan_yield``).
 """
 
 from __future__ import annotations
@@ -136,9 +138,34 @@ def gpu_compute(ctx, need_cc: tuple[int, int], what: str) -> list[Problem]:
 
 
 def calibration_data(ctx) -> list[Problem]:
-    """The [calibration] data spec must name readable data."""
-    return calibration.check(ctx.recipe.recipe.calibration, ctx.recipe.path.parent,
-                             ctx.recipe.where("calibration", "data"))
+    """The [calibration] data spec must name readable data that fills ``samples`` rows."""
+    problems = calibration.check(ctx.recipe.recipe.calibration, ctx.recipe.path.parent,
+                                 ctx.recipe.where("calibration", "data"))
+    return problems or calibration_yield(ctx)
+
+
+def calibration_yield(ctx) -> list[Problem]:
+    """Warn when the calibration data fills fewer rows of ``max_seq_len`` tokens than ``samples``
+    (an error when the count is exact and the data fills none: the run would fail)."""
+    recipe = ctx.recipe.recipe
+    cal = recipe.calibration
+    got = calibration.plan_yield(cal, recipe.model, ctx.recipe.path.parent)
+    if got is None or got.rows >= cal.samples:
+        return []
+    approx = "" if got.counted else "about "
+    fixes = [f"samples = {got.rows}"] if got.rows else []
+    if got.tokens // cal.samples >= 8:
+        fixes.append(f"max_seq_len = {got.tokens // cal.samples}")
+    hint = "give more text" + (", or set " + " or ".join(fixes) if fixes else "")
+    if cal.data != "builtin:mix":
+        hint = 'use data = "builtin:mix" (about 46,000 tokens of six kinds of text), ' + hint
+    template = "; the chat template's tokens not counted" if cal.chat_template else ""
+    fatal = got.rows == 0 and got.counted and not cal.chat_template
+    return [Problem(
+        f"calibration data {cal.data} fills {approx}{got.rows} of the {cal.samples} rows of {cal.max_seq_len} tokens "
+        f"that samples asks for ({approx}{got.tokens:,} tokens in {got.documents} documents, {got.basis}{template}): "
+        f"the compression would be calibrated on {got.rows}",
+        ctx.recipe.where("calibration", "samples"), hint, "error" if fatal else "warning")]
 
 
 def quantizer(ctx, name: str, calibrates: bool) -> list[Problem]:
