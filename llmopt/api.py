@@ -152,6 +152,14 @@ def gpus() -> list[dict]:
     return [g.to_dict() for g in CATALOG]
 
 
+def builtin_data() -> list[dict]:
+    """The data sets shipped with llmopt: name, role (calibration or eval), domain, what it holds."""
+    from llmopt import data
+
+    return [{"name": f"builtin:{name}", "role": b.role, "domain": b.domain, "about": b.about}
+            for name, b in data.BUILTIN.items()]
+
+
 def doctor() -> dict:
     report: dict = {"python": platform.python_version(), "platform": platform.platform(), "torch": None, "cuda": None, "gpus": []}
     try:

@@ -23,12 +23,11 @@ from llmopt import data as datasets
 from llmopt import estimates, registry
 from llmopt.backends.base import PlanContext
 from llmopt.libraries import versions
-from llmopt.backends.source.gguf import gguf_path, is_gguf
 from llmopt.backends.source.hf import hub_config, hub_offline, is_hub_id, local_folder
 from llmopt.cache import Cache, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
-from llmopt.modelinfo import ModelInfo, from_folder, from_gguf
+from llmopt.modelinfo import ModelInfo, from_folder, from_gguf, gguf_path, is_gguf
 from llmopt.recipe.load import LoadedRecipe
 from llmopt.stages import DeployStage, GateStage, gate_options
 
@@ -141,6 +140,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
                       served=candidate if is_url(candidate) else None)
         builder.gate()
     stages = builder.stages
+    problems += held_out_problems(loaded, stages)
     if scope == "run":
         problems += cross_stage_rules(loaded, stages, builder.info, gpu)
     if strict:
@@ -247,7 +247,7 @@ class _Builder:
         if not evals:
             return
         inputs = {f"{s.name.split('.', 1)[1]}": s.name for s in evals}  # "<eval>.<role>" -> stage
-        self.add(Stage("gate", "gate", "paired", ("eval",), gate_options(self.loaded.recipe.eval), inputs,
+        self.add(Stage("gate", "gate", "paired", ("eval",), gate_options(self.loaded), inputs,
                        volatile=any(s.volatile for s in evals)))
 
     def deploy(self, model_stage: Stage) -> None:
@@ -403,6 +403,37 @@ def unchecked_without_facts(loaded: LoadedRecipe, source: bool = False) -> list[
         out.append(f"serve ({recipe.serve.backend}): max_model_len against the model's context, and the memory model")
     out.append("estimates of the weights, the artifact, calibration memory and the KV cache")
     return out
+
+
+def held_out_problems(loaded: LoadedRecipe, stages: list[Stage]) -> list[Problem]:
+    """Each eval's data against the calibration data, when a step calibrates on it: an error when the eval
+    set overlaps the calibration text (its scores would not be held out), a warning when both come from one
+    source. Hub data is not read at plan time."""
+    from llmopt.data import overlap
+
+    recipe = loaded.recipe
+    if not any(getattr(s.impl, "calibrates", False) for s in stages if s.kind == "compress"):
+        return []
+    problems = []
+    for index, item in enumerate(recipe.eval):
+        options = loaded.options_for("eval", index)
+        spec = getattr(options, "data", None)
+        if not isinstance(spec, str) or datasets.check_spec(spec, loaded.path.parent):
+            continue  # no data of its own (lm_eval tasks), or a problem its own check reports
+        found = overlap.check(spec, recipe.calibration.data, loaded.path.parent,
+                              eval_field=getattr(options, "text_field", None), calibration_field=recipe.calibration.text_field)
+        if found is None or found.verdict == "clean":
+            continue
+        if found.contaminated:
+            problems.append(Problem(f"eval {item.name!r} is not held out: {found.summary()}",
+                                    loaded.where("eval", index, "data"),
+                                    "score on data the calibration never saw (`llmopt ls data` lists the built-in sets "
+                                    "and their domains), or calibrate on other data"))
+        else:
+            problems.append(Problem(f"eval {item.name!r} comes from the calibration data's source ({found.same_source}):"
+                                    " its scores are in-domain for the compression and may flatter it",
+                                    loaded.where("eval", index, "data"), "add an eval on another domain", severity="warning"))
+    return problems
 
 
 def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None, gpu: GPU | None) -> list[Problem]:

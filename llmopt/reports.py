@@ -44,6 +44,7 @@ REPORT_JSON_SCHEMA = {
                 "gate_on": {"enum": ["interval", "point"]}, "higher_is_better": {"type": "boolean"},
                 "verdict": {"enum": ["pass", "fail", "no-gate"]}, "reason": {"type": "string"},
                 "undecided": {"type": "boolean"}, "thresholds": {"type": "object"},
+                "domain": {"type": ["string", "null"]},
                 "scores": {"type": "object", "required": ["baseline", "candidate"],
                            "properties": {"baseline": {"type": "string"}, "candidate": {"type": "string"}}},
             }}},
@@ -121,6 +122,31 @@ def gate_rows(gates: list[dict]) -> list[list[str]]:
 HEADER = ["eval", "metric", "baseline", "candidate", "delta", "interval", "n", "verdict"]
 
 
+def relative_change(g: dict) -> float | None:
+    """The candidate's change relative to the baseline: perplexity's delta is relative already."""
+    delta, base = g.get("delta"), g.get("baseline")
+    if delta is None:
+        return None
+    if g.get("metric") == "perplexity":
+        return delta
+    return delta / abs(base) if base else None
+
+
+def across_domains(gates: list[dict]) -> str | None:
+    """One line with the relative change of each metric across the evals' domains, when there are several:
+    "+24% here, +47% there" without reading the table."""
+    lines = []
+    for metric in dict.fromkeys(g.get("metric") for g in gates):
+        rows = [(relative_change(g), g.get("domain") or g["name"]) for g in gates if g.get("metric") == metric]
+        rows = sorted((r for r in rows if r[0] is not None), key=lambda r: r[0])
+        if len(rows) < 2 or len({d for _, d in rows}) < 2:
+            continue
+        spread = (rows[-1][0] - rows[0][0]) * 100
+        shown = ", ".join(f"{r * 100:+.1f}% {d}" for r, d in rows)
+        lines.append(f"{metric} across {len(rows)} domains: {shown} (spread {spread:.1f} points)")
+    return "; ".join(lines) or None
+
+
 def markdown(name: str, gates: list[dict], evals: dict | None = None) -> str:
     lines = [f"## llmopt accuracy gates: {name}", ""]
     if not gates:
@@ -133,7 +159,11 @@ def markdown(name: str, gates: list[dict], evals: dict | None = None) -> str:
     lines.append("|" + "---|" * len(HEADER))
     lines += ["| " + " | ".join(row) + " |" for row in gate_rows(gates)]
     lines.append("")
-    lines += [f"- **{g['name']}**: {g.get('reason', '')}" for g in gates]
+    spread = across_domains(gates)
+    if spread:
+        lines += [f"Relative change by domain: {spread}.", ""]
+    lines += [f"- **{g['name']}**" + (f" ({g['domain']})" if g.get("domain") else "") + f": {g.get('reason', '')}"
+              for g in gates]
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ class GateSpec(BaseModel):
     max_increase_pct: float | None = None
     confidence: float = 0.95
     gate_on: Literal["interval", "point"] = "interval"
+    domain: str | None = None  # the kind of text the eval's data holds, when known
 
 
 class GateOptions(BaseModel):
@@ -44,9 +45,17 @@ class GateOptions(BaseModel):
     gates: list[GateSpec] = Field(default_factory=list)
 
 
-def gate_options(evals) -> GateOptions:
-    """The gate stage's options from the recipe's [[eval]] tables."""
-    return GateOptions(gates=[GateSpec(**{k: getattr(item, k) for k in GATE_FIELDS}) for item in evals])
+def gate_options(loaded) -> GateOptions:
+    """The gate stage's options from the recipe's [[eval]] tables, with each eval data's domain."""
+    from llmopt import data
+
+    specs = []
+    for index, item in enumerate(loaded.recipe.eval):
+        spec = getattr(loaded.options_for("eval", index), "data", None)
+        readable = isinstance(spec, str) and not data.check_spec(spec, loaded.path.parent)
+        domain = data.domain(spec, loaded.path.parent) if readable else None
+        specs.append(GateSpec(**{k: getattr(item, k) for k in GATE_FIELDS}, domain=domain))
+    return GateOptions(gates=specs)
 
 
 class GateStage:
@@ -68,6 +77,7 @@ class GateStage:
         )
         record = gate.judge(spec, comparison, b["outputs"].get("higher_is_better", True))
         record["baseline_stage"], record["candidate_stage"] = b["key"], c["key"]
+        record["domain"] = spec.domain
         return record
 
 

@@ -76,7 +76,7 @@ def print_gates(console, gates: list[dict]) -> None:
     from rich import box
     from rich.table import Table
 
-    from llmopt.reports import HEADER, gate_rows
+    from llmopt.reports import HEADER, across_domains, gate_rows
 
     table = Table(title="accuracy gates", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in HEADER:
@@ -88,5 +88,8 @@ def print_gates(console, gates: list[dict]) -> None:
         colour = {"PASS": "green", "FAIL": "red"}.get(row[-1], "yellow")
         table.add_row(*row[:-1], f"[{colour}]{row[-1]}[/]")
     console.print(table)
+    spread = across_domains(gates)
+    if spread:
+        console.print(f"relative change by domain: {spread}", markup=False)
     for gate in gates:
-        console.print(f"  {gate['name']}: {gate.get('reason', '')}")
+        console.print(f"  {gate['name']}: {gate.get('reason', '')}", markup=False)

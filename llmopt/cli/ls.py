@@ -1,4 +1,4 @@
-"""llmopt ls: list backends, shipped recipes and the GPU catalogue."""
+"""llmopt ls: list backends, shipped recipes, built-in data and the GPU catalogue."""
 
 from __future__ import annotations
 
@@ -8,21 +8,23 @@ import typer
 
 from llmopt.cli.app import FormatOpt, app, sink
 
-WHAT = ("backends", "recipes", "gpus")
+WHAT = ("backends", "recipes", "data", "gpus")
 
 
 @app.command()
 def ls(
-    what: Annotated[str, typer.Argument(help="backends, recipes, gpus or all.")] = "all",
+    what: Annotated[str, typer.Argument(help="backends, recipes, data, gpus or all.")] = "all",
     format: FormatOpt = "human",
 ) -> None:
-    """List registered backends, shipped recipes and the GPU catalogue.
+    """List registered backends, shipped recipes, built-in data (with each set's domain) and the GPU catalogue.
 
     Examples:
 
         llmopt ls
 
         llmopt ls recipes
+
+        llmopt ls data
 
         llmopt ls gpus --format json
     """
@@ -37,6 +39,8 @@ def ls(
         doc["backends"] = api.backends()
     if what in ("recipes", "all"):
         doc["recipes"] = api.shipped_recipes()
+    if what in ("data", "all"):
+        doc["data"] = api.builtin_data()
     if what in ("gpus", "all"):
         doc["gpus"] = api.gpus()
     out.result(doc, lambda c: _show(c, doc))
@@ -59,6 +63,13 @@ def _show(console, doc) -> None:
         table.add_column("purpose")
         for item in doc["recipes"]:
             table.add_row(item["name"], item["purpose"])
+        console.print(table)
+    if "data" in doc:
+        table = Table(title="built-in data (data = \"builtin:NAME\")")
+        for col in ("name", "role", "domain", "what it holds"):
+            table.add_column(col)
+        for item in doc["data"]:
+            table.add_row(item["name"], item["role"], item["domain"], item["about"])
         console.print(table)
     if "gpus" in doc:
         table = Table(title="GPU catalogue")

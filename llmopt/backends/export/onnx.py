@@ -28,7 +28,7 @@ from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.export import gguf_layout, gptq_layout, onnx_verify
-from llmopt.backends.source.gguf import gguf_path, is_gguf
+from llmopt.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register

