@@ -101,7 +101,7 @@ def _show(console, report: dict) -> None:
         table.add_column(col)
     for row in rows:
         table.add_row(*[escape(cell.replace("**", "")) for cell in row])
-    console.print(table)
+    console.print(table, width=None if console.is_terminal else max(console.width, 220))  # a file or a pipe: no folding
     chosen = report.get("chosen")
     if chosen:
         console.print(f"[green]chosen[/]: {escape(chosen['id'])}")

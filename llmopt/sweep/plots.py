@@ -40,6 +40,20 @@ def _point(row: dict, name: str):
     return gate["delta"] * scale, lo * scale, hi * scale, gate.get("metric")
 
 
+def _limit(rows: list[dict], name: str) -> float | None:
+    """The gate's threshold on the plot's scale, where one threshold maps onto it: a perplexity's
+    max_increase_pct, or a higher-is-better metric's max_drop (the same for every variant, else None)."""
+    limits = set()
+    for row in rows:
+        gate = next((g for g in row["gates"] if g["name"] == name), None) or {}
+        thresholds = gate.get("thresholds") or {}
+        if gate.get("metric") == "perplexity" and "max_increase_pct" in thresholds:
+            limits.add(thresholds["max_increase_pct"])
+        elif gate.get("higher_is_better") and "max_drop" in thresholds:
+            limits.add(-thresholds["max_drop"])
+    return limits.pop() if len(limits) == 1 else None
+
+
 def _plot(figure, report: dict, rows: list[dict], name: str, path: Path) -> None:
     fig = figure(figsize=(7, 4.5), dpi=110)
     ax = fig.subplots()
@@ -63,8 +77,12 @@ def _plot(figure, report: dict, rows: list[dict], name: str, path: Path) -> None
     if len(front) > 1:
         xs, ys = zip(*sorted(front))
         ax.plot(xs, ys, "--", color="grey", linewidth=1, label="Pareto front")
-        ax.legend(loc="best", fontsize=8)
     ax.axhline(0.0, color="black", linewidth=0.6)
+    limit = _limit(rows, name)
+    if limit is not None:
+        ax.axhline(limit, color="tab:red", linestyle=":", linewidth=1, label="gate threshold")
+    if len(front) > 1 or limit is not None:
+        ax.legend(loc="best", fontsize=8)
     unit = "%" if metric == "perplexity" else ""
     ax.set_xlabel("model/ size (MiB)")
     ax.set_ylabel(f"{name}: {metric or 'metric'} change vs baseline{f' ({unit})' if unit else ''}")

@@ -38,7 +38,7 @@ def variant_row(sweep: SweepPlan, variant: Variant, result: dict | None) -> dict
     row["speed"] = next((s["outputs"].get("output_throughput") for n, s in stages.items()
                          if n.split(".")[0] == "bench"), None)  # output tok/s, where a bench stage ran
     row["gates"] = [{k: g.get(k) for k in ("name", "metric", "baseline", "candidate", "delta", "ci", "n",
-                                           "higher_is_better", "verdict", "reason")} for g in manifest["gates"]]
+                                           "higher_is_better", "verdict", "reason", "thresholds")} for g in manifest["gates"]]
     row["records"] = result["records"]
     return row
 
@@ -167,7 +167,7 @@ def table(report: dict, timing: bool = True) -> tuple[list[str], list[list[str]]
     rows = []
     for r in report["variants"]:
         gates = {g["name"]: g for g in r.get("gates", [])}
-        line = [r["id"], *[toml_literal(r["values"][a]) for a in axes], *[change(gates.get(e)) for e in evals],
+        line = [r["id"], *[cell(r["values"][a]) for a in axes], *[change(gates.get(e)) for e in evals],
                 verdict(r), f"{r['model_bytes'] / MIB:.2f}" if "model_bytes" in r else "-"]
         line += ([fmt(r.get("compress_seconds"))] if timing else []) + ([fmt(r.get("speed"))] if speed else [])
         if timing:
@@ -186,10 +186,26 @@ def verdict(row: dict) -> str:
     return "fail" if any(g["verdict"] == "fail" for g in row["gates"]) else "pass"
 
 
+def cell(value) -> str:
+    """An axis value in the table: a string bare, a table as key=value pairs, anything else as TOML."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return " ".join(f"{k}={cell(v)}" for k, v in value.items())
+    return toml_literal(value)
+
+
 def short(key: str, keys: list[str]) -> str:
-    """An axis's column name: its last part, or the whole key when two axes end alike."""
-    last = key.replace("]", "").split(".")[-1].split("[")[-1]
-    return last if sum(k.replace("]", "").split(".")[-1].split("[")[-1] == last for k in keys) == 1 else key
+    """An axis's column name: the last name in its key path (``group_size``), or the whole key when it ends
+    in an index (``compress[0]``) or two axes end alike."""
+    if key.endswith("]"):
+        return key
+    last = _last(key)
+    return last if sum(_last(k) == last for k in keys) == 1 else key
+
+
+def _last(key: str) -> str:
+    return key.replace("]", "").split(".")[-1].split("[")[-1]
 
 
 def markdown(report: dict) -> str:
