@@ -205,6 +205,20 @@ def test_a_sweep_shares_stages_reports_and_builds_the_chosen_variant(four_layers
     assert not (folder / "chosen").exists()  # the earlier choice is not this one's
 
 
+def test_when_every_variant_fails_the_sweep_exits_with_their_code_after_its_report(tiny_model, tmp_path):
+    from llmopt.sweep import VariantsFailed
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")  # nothing to score: the eval stage fails (exit 1), after the plan accepted the file
+    recipe = sweep_recipe(tmp_path, tiny_model, '"eval[0].max_windows" = [4, 8]\n', extra=f'data = "{empty}"\n')
+    with pytest.raises(VariantsFailed, match="every variant failed; the first: .*nothing to score") as err:
+        api.sweep(recipe, output_dir=tmp_path / "sw")
+    assert err.value.exit_code == 1
+    report = json.loads((tmp_path / "sw" / "report.json").read_text())
+    assert [r["status"] for r in report["variants"]] == ["failed", "failed"] and report["chosen"] is None
+    assert "nothing to score" in report["variants"][0]["reason"]
+
+
 def _wait_for(predicate, proc, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
