@@ -25,6 +25,8 @@ EXTRAS = {
     "ort": ["onnxruntime", "onnxruntime-genai", "onnx"],
     "eval": ["lm-eval"],
     "serve": ["fastapi", "uvicorn"],
+    "plots": ["matplotlib"],
+    "ray": ["ray"],
 }
 ENGINES = {"vllm": "vllm", "trtllm": "trtllm-serve", "sglang": "sglang", "llama.cpp": "llama-server"}
 
@@ -65,6 +67,30 @@ def plan(path: str | Path, overrides=(), cache_dir=None, output_dir=None, strict
 def run(path: str | Path, overrides=(), force=None, cache_dir=None, output_dir=None, out: Output | None = None,
         strict: bool = False) -> RunResult:
     return run_plan(plan(path, overrides, cache_dir, output_dir, strict), out, force)
+
+
+def sweep_plan(path: str | Path, overrides=(), axes=(), cache_dir=None, output_dir=None, strict: bool = False):
+    """Every variant of a sweep planned, nothing run (``llmopt sweep --dry-run``): a ``SweepPlan``. Raises
+    RecipeError when no variant can run, or with ``strict`` when any cannot."""
+    from llmopt.sweep import plan_sweep
+
+    return plan_sweep(Path(path), overrides, axes, cache_dir, output_dir, strict)
+
+
+def sweep(path: str | Path, overrides=(), axes=(), cache_dir=None, output_dir=None, strict: bool = False,
+          jobs: int = 1, executor: str = "local", address: str | None = None, out: Output | None = None):
+    """Plan every variant of the recipe's [sweep] (and ``axes``, ``KEY=V1,V2`` strings), run those that can
+    run on one shared cache (``executor`` "local": ``jobs`` processes, 1 = this one; "ray": Ray tasks on a
+    local cluster or the one at ``address``), write the report and the chosen variant's artifact under
+    ``output_dir`` (default sweeps/<name>). Returns a ``SweepResult``; raises GateFailed (exit 3, after
+    writing everything) when no variant meets the constraints."""
+    import time
+
+    from llmopt.sweep import run_sweep
+
+    started = time.monotonic()
+    the_plan = sweep_plan(path, overrides, axes, cache_dir, output_dir, strict)
+    return run_sweep(the_plan, out or Output("quiet"), executor, jobs, address, started)
 
 
 def shipped_recipes() -> list[dict]:

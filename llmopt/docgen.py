@@ -28,6 +28,8 @@ SECTIONS = [
     ("bench", schema.BenchSection),
     ("tune", schema.TuneSection),
     ("output", schema.OutputSection),
+    ("sweep", schema.SweepSection),
+    ("sweep.constraints", schema.SweepConstraints),
 ]
 BACKEND_TABLE = {"compress": "[[compress]] method", "export": "[export] format", "eval": "[[eval]] kind", "serve": "[serve] backend"}
 

@@ -209,7 +209,7 @@ LAYERS = [
     ["llmopt.runtimes", "llmopt.evalkit", "llmopt.deploy", "llmopt.validate_engine", "llmopt.backends"],
     ["llmopt.stages", "llmopt.plan"],
     ["llmopt.reports", "llmopt.artifact", "llmopt.runner", "llmopt.evaluate"],
-    ["llmopt.api", "llmopt.bench", "llmopt.server"],
+    ["llmopt.api", "llmopt.bench", "llmopt.server", "llmopt.sweep"],
     ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],
 ]
 

@@ -164,6 +164,46 @@ class OutputSection(Section):
     )
 
 
+class SweepConstraints(Section):
+    gates: bool = Field(
+        True, description="A variant qualifies only when every gate passes (an eval with no threshold counts as "
+        "passing); false: gate verdicts are reported but do not exclude a variant.")
+    max_model_mib: float | None = Field(
+        None, gt=0, description="Largest allowed size of the artifact's model/ folder, in MiB (measured on the files).")
+    max_compress_seconds: float | None = Field(
+        None, gt=0, description="Longest allowed time of the compress stages together, in seconds, as their "
+        "manifests recorded it when they ran.")
+
+
+class SweepSection(Section):
+    axes: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Key paths of the recipe and the values each takes, as `-s key.path=value` would set them: "
+        '`"compress[0].method" = ["gptq", "awq"]`, `"compress[0].group_size" = [32, 64]`, or whole tables '
+        '(`"compress[0]" = [{method = "rtn", group_size = 64}, ...]`). Every combination is one variant; '
+        "`llmopt sweep --axis KEY=V1,V2` adds or replaces an axis.")
+    objective: Literal["smallest", "most_accurate"] = Field(
+        "smallest", description="How the chosen variant is picked among those meeting the constraints: smallest "
+        "(the smallest model/ folder; ties go to the more accurate) or most_accurate (the smallest loss on the "
+        "accuracy eval against the baseline; ties go to the smaller).")
+    accuracy: str | None = Field(
+        None, description="Name of the [[eval]] that is the accuracy axis of the Pareto front and of the "
+        "most_accurate objective (default: the first [[eval]]).")
+    constraints: SweepConstraints = Field(
+        default_factory=SweepConstraints, description="What a variant must meet to be chosen.")
+    cpus_per_variant: float = Field(1.0, gt=0, description="CPUs each variant's Ray task asks for (--executor ray).")
+    gpus_per_variant: float = Field(
+        0.0, ge=0, description="GPUs each variant's Ray task asks for (--executor ray); 0 runs on CPUs.")
+
+    @field_validator("axes")
+    @classmethod
+    def _values(cls, axes: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        empty = [key for key, values in axes.items() if not values]
+        if empty:
+            raise ValueError(f"give each axis at least one value (empty: {', '.join(empty)})")
+        return axes
+
+
 class Recipe(Section):
     schema_version: Literal[1] = Field(description="Recipe schema version; this release reads 1.")
     name: str = Field(description="Short name of the recipe; names the artifact folder.")
@@ -184,6 +224,8 @@ class Recipe(Section):
     bench: BenchSection = Field(default_factory=BenchSection, description="Serving benchmark.")
     tune: TuneSection = Field(default_factory=TuneSection, description="Launch-parameter search.")
     output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
+    sweep: SweepSection | None = Field(
+        None, description="Variants of this recipe run by `llmopt sweep` (`llmopt run` ignores it).")
 
     @field_validator("name")
     @classmethod
