@@ -585,10 +585,11 @@ def test_onnx_model_folder_is_served_like_the_transformers_one(chat_model, url, 
     served = load_model(onnx, max_model_len=MAX_LEN, name="tiny")
     assert (served.format, served.runtime.name) == ("onnx", "onnxruntime")
     bodies = [("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 8, "temperature": 0}),
-              ("/v1/completions", {"prompt": "The river runs", "max_tokens": 10, "temperature": 0}),
-              ("/v1/completions", {"prompt": "The river runs", "max_tokens": 10, "temperature": 0,
-                                   "repetition_penalty": 1.5}),
-              ("/v1/completions", {"prompt": "The river runs", "max_tokens": 10, "temperature": 0.7, "top_k": 1})]
+              ("/v1/completions", {"prompt": "The river runs", "max_tokens": 10, "temperature": 0})]
+    hf = load_model(chat_model, max_model_len=MAX_LEN).runtime
+    ids = hf.encode("The river runs")
+    for options in ({"repetition_penalty": 1.5}, {"temperature": 0.7, "top_k": 1}, {"repetition_penalty": 3.0}):
+        assert list(served.runtime.stream(ids, 10, **options)) == list(hf.stream(ids, 10, **options)), options
     with running(served) as onnx_url:
         for path, body in bodies:
             onnx_answer, hf_answer = post(onnx_url, path, body).json(), post(url, path, body).json()

@@ -44,6 +44,7 @@ class OnnxRuntime:
         self.model = og.Model(config)
         self.tokenizer = og.Tokenizer(self.model)
         self.bos_id = hf_bos_id(self.model_dir)
+        self.special_ids = special_ids(self.model_dir)
         self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
         self.context_length = int(self.config.get("context_length") or 0) or None
 
@@ -54,6 +55,9 @@ class OnnxRuntime:
         return ([self.bos_id] if bos and self.bos_id is not None else []) + ids
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` without special tokens, as the transformers runtime decodes (og's decode
+        turns a text of special tokens only into U+FFFD)."""
+        ids = [i for i in ids if int(i) not in self.special_ids]
         return self.tokenizer.decode(np.asarray(ids, dtype=np.int32)) if len(ids) else ""
 
     @property
@@ -167,6 +171,15 @@ def default_prompt(runtime: OnnxRuntime, length: int) -> list[int]:
     from llmopt import data
 
     return runtime.encode("\n\n".join(data.load_texts("builtin:prose-eval")))[:length]
+
+
+def special_ids(model_dir: Path) -> set[int]:
+    """Ids of the special tokens of tokenizer.json (added tokens marked special)."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return set()
+    added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens", [])
+    return {int(t["id"]) for t in added if t.get("special")}
 
 
 def hf_bos_id(model_dir: Path) -> int | None:
