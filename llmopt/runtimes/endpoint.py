@@ -170,9 +170,12 @@ def probe(url: str, needs, served_model: str | None = None, timeout: float = 60.
         try:
             response = client.get(base + "/models")
             models = (response.json().get("data") or []) if response.status_code < 400 else []
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             return [(f"endpoint {base} does not answer: {exc}",
                      "start the server first (`llmopt serve PATH`, vLLM, ...) or fix the URL")]
+        except (ValueError, AttributeError):
+            return [(f"endpoint {base}/models does not answer JSON: it is not an OpenAI-compatible API",
+                     "give the server's base URL, such as http://127.0.0.1:8000/v1")]
         if not models and served_model is None:
             return [(f"endpoint {base}/models lists no model (HTTP {response.status_code})",
                      "check that the URL is an OpenAI-compatible server, or set endpoint_model")]
