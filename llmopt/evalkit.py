@@ -8,6 +8,7 @@ that is the same for baseline and candidate; the gate pairs rows by it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -22,8 +23,15 @@ ENDPOINT_HELP = "URL of an OpenAI-compatible server (http://host:port/v1), for r
 ENDPOINT_MODEL_HELP = "Model name to request from the endpoint (default: the first one its /v1/models lists)."
 
 
+# what an eval kind needs of an endpoint (llmopt.runtimes.endpoint.probe); other kinds: that it answers
+ENDPOINT_NEEDS = {"perplexity": {"loglikelihood"}, "multiple_choice": {"loglikelihood"}, "generation": {"generation"}}
+LM_EVAL_NEEDS = {"loglikelihood": "loglikelihood", "multiple_choice": "loglikelihood",
+                 "loglikelihood_rolling": "loglikelihood", "generate_until": "generation"}
+
+
 def check_runtime(options, ctx) -> list[Problem]:
-    """Plan-time problems of the runtime / endpoint options."""
+    """Plan-time problems of the runtime / endpoint options. An endpoint is asked, before anything
+    runs, whether it answers and can do what the eval needs (``endpoint.probe``)."""
     problems = []
     endpoint = getattr(options, "endpoint", None)
     if options.runtime == "endpoint" and not endpoint:
@@ -34,7 +42,29 @@ def check_runtime(options, ctx) -> list[Problem]:
     if endpoint and options.runtime != "endpoint":
         problems.append(ctx.problem("endpoint is set but runtime is not \"endpoint\"; the URL is ignored", "endpoint",
                                     severity="warning", hint="set runtime = \"endpoint\" to score the served model"))
+    if options.runtime == "endpoint" and endpoint and endpoint.startswith(("http://", "https://")):
+        from llmopt.runtimes.endpoint import probe
+
+        for message, fix in probe(endpoint, endpoint_needs(options, ctx), options.endpoint_model):
+            problems.append(ctx.problem(message, "endpoint", hint=fix))
     return problems
+
+
+def endpoint_needs(options, ctx) -> set[str]:
+    """What the eval at ``ctx.step`` asks of an endpoint: log-likelihoods, generation or chat."""
+    step = tuple(ctx.step)
+    kind = ctx.recipe.recipe.eval[step[1]].kind if step[:1] == ("eval",) else ""
+    if kind == "generation" and getattr(options, "chat_template", False):
+        return {"chat"}
+    if kind == "lm_eval":
+        task = str(getattr(options, "task", ""))
+        path = (ctx.recipe.path.parent / task).expanduser()
+        if task.endswith((".yaml", ".yml")) and path.is_file():
+            found = re.search(r"^output_type:\s*['\"]?(\w+)", path.read_text(encoding="utf-8"), re.MULTILINE)
+            if found and found.group(1) in LM_EVAL_NEEDS:
+                return {LM_EVAL_NEEDS[found.group(1)]}
+        return {"answers"}
+    return ENDPOINT_NEEDS.get(kind, {"answers"})
 
 
 def open_model(ctx, options):

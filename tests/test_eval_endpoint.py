@@ -195,3 +195,90 @@ max_drop = 0.8
     assert status["eval.mc.baseline"] == "cached" and status["eval.mc.candidate"] == "ran"  # a server can change
     report = json.loads((tmp_path / "reports" / "report.json").read_text())
     assert report["passed"] is True
+
+
+# ---- llmopt eval --candidate URL against llmopt serve, and the endpoint probe before any work ----
+
+SERVED_RECIPE = """schema_version = 1
+name = "served"
+
+[model]
+source = "{model}"
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+window = 64
+max_windows = 3
+max_increase_pct = 1
+
+[[eval]]
+name = "mc"
+kind = "multiple_choice"
+limit = 12
+max_drop = 0.3
+"""
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    from llmopt.cli.main import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_eval_against_llmopt_serve_scores_perplexity_and_multiple_choice(capsys, tiny_model, tmp_path):
+    from llmopt.server import load_model
+    from test_server import running
+
+    recipe = write_recipe(tmp_path, SERVED_RECIPE.format(model=tiny_model))
+    with running(load_model(tiny_model, name="tiny-served")) as base:
+        code, out, err = cli(capsys, "eval", str(recipe), "--candidate", f"{base}/v1", "-o", str(tmp_path / "r"),
+                             "-f", "json")
+    assert code == 0, err
+    gates = {g["name"]: g for g in json.loads(out)["gates"]}
+    assert abs(gates["prose"]["delta"]) < 1e-4 and gates["prose"]["verdict"] == "pass"  # the same model, served
+    assert gates["mc"]["delta"] == 0 and gates["mc"]["verdict"] == "pass"
+    assert gates["mc"]["discordant"] == {"candidate_better": 0, "candidate_worse": 0}
+
+
+def test_eval_fails_at_once_when_the_server_cannot_echo_logprobs(capsys, tiny_model, tmp_path, isolated_cache):
+    recipe = write_recipe(tmp_path, SERVED_RECIPE.format(model=tiny_model))
+    app, _ = make_app(tiny_model, echo_logprobs=False)
+    with Server(app) as server:
+        started = time.monotonic()
+        code, _, err = cli(capsys, "eval", str(recipe), "--candidate", server.url, "-o", str(tmp_path / "r"))
+        elapsed = time.monotonic() - started
+    assert code == 2, err
+    assert f"endpoint {server.url} cannot score log-likelihoods" in err
+    assert "it does not echo prompt log-probabilities" in err and "vLLM, SGLang" in err  # what is missing, the fix
+    assert err.count("cannot score log-likelihoods") == 2  # perplexity and multiple_choice
+    assert {bool(r.get("echo")) for r in app.state.requests} <= {True}  # only the probes: nothing was generated
+    assert not (isolated_cache / "stages").exists() or not any((isolated_cache / "stages").iterdir())  # no baseline
+    assert not (tmp_path / "r").exists() and elapsed < 30
+
+
+def test_eval_fails_at_once_when_the_endpoint_is_down_or_cannot_chat(capsys, tiny_model, tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    recipe = write_recipe(tmp_path, SERVED_RECIPE.format(model=tiny_model))
+    code, _, err = cli(capsys, "eval", str(recipe), "--candidate", f"http://127.0.0.1:{port}/v1")
+    assert code == 2 and f"endpoint http://127.0.0.1:{port}/v1 does not answer" in err and "llmopt serve" in err
+    chat = SERVED_RECIPE.format(model=tiny_model).split("[[eval]]")[0] + """[[eval]]
+name = "qa"
+kind = "generation"
+limit = 2
+chat_template = true
+max_drop = 0.5
+"""
+    from fastapi import FastAPI
+
+    bare = FastAPI()  # lists a model and nothing else: chat is a 404
+    bare.get("/v1/models")(lambda: {"object": "list", "data": [{"id": "m", "object": "model"}]})
+    with Server(bare) as server:
+        code, _, err = cli(capsys, "eval", str(write_recipe(tmp_path, chat, "chat.toml")), "--candidate", server.url)
+    assert code == 2 and f"endpoint {server.url} cannot answer chat on /v1/chat/completions" in err
+    assert "HTTP 404" in err

@@ -297,6 +297,96 @@ def test_concurrent_clients_get_what_sequential_ones_get(url):
     assert len(set(sequential)) > 1
 
 
+# ---- what benchmark clients send: vLLM's sampling extensions --------------------------------
+
+# GuideLLM 0.8.1's bodies with its defaults (streaming, a fixed output length), as it builds them
+GUIDELLM_COMPLETION = {"model": "tiny", "stream": True, "max_tokens": 12, "stop": None, "ignore_eos": True,
+                       "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                       "prompt": "The river runs past the mill"}
+GUIDELLM_CHAT = {"model": "tiny", "stream": True, "max_completion_tokens": 12, "stop": None, "ignore_eos": True,
+                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                 "messages": [{"role": "user", "content": [{"type": "text", "text": "Where does the river run?"}]}]}
+
+
+def eos_prompt(rt) -> list[int]:
+    """A prompt ending in the end-of-sequence token, after which the tiny model (tied embeddings)
+    greedily repeats it: without ignore_eos / min_tokens the answer is empty."""
+    return rt.encode("The river") + sorted(rt.eos_ids)[:1]
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", GUIDELLM_COMPLETION),
+                                        ("/v1/chat/completions", GUIDELLM_CHAT)])
+def test_guidellm_bodies_stream_max_tokens_with_usage_in_every_chunk(url, path, body):
+    chunks = streamed(url, path, body)
+    assert chunks[-1] == "[DONE]"
+    final, payloads = chunks[-2], chunks[:-2]
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 12  # ignore_eos: all 12
+    usages = [c["usage"] for c in payloads]
+    assert all(u is not None and u["prompt_tokens"] == final["usage"]["prompt_tokens"] for u in usages)
+    counts = [u["completion_tokens"] for u in usages]
+    assert counts == sorted(counts) and counts[-1] == 12 and all(u["total_tokens"] == u["prompt_tokens"]
+                                                                  + u["completion_tokens"] for u in usages)
+    if "messages" in body:
+        assert counts[0] == 0  # the role chunk, as vLLM sends it
+    plain = post(url, path, {**body, "stream": False, "stream_options": None}).json()
+    assert plain["usage"] == final["usage"]
+    without = streamed(url, path, {**body, "stream_options": {"include_usage": True}})
+    assert all(c == "[DONE]" or c["usage"] is None or not c["choices"] for c in without)  # usage at the end only
+
+
+def test_ignore_eos_and_min_tokens_generate_past_the_end_of_sequence(url, served):
+    prompt = eos_prompt(served.runtime)
+    plain = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()
+    assert plain["usage"]["completion_tokens"] == 0 and plain["choices"][0]["finish_reason"] == "stop"
+    ignored = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert ignored.json()["usage"]["completion_tokens"] == 8
+    assert ignored.json()["choices"][0]["finish_reason"] == "length"
+    least = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "min_tokens": 3}).json()
+    assert least["usage"]["completion_tokens"] >= 3
+    text = least["choices"][0]["text"]
+    word = text[: len(text) // least["usage"]["completion_tokens"]]  # the repeated token's text
+    assert text == word * least["usage"]["completion_tokens"], text
+    # a stop string is not looked for before min_tokens: the 3rd token completes it
+    stopped = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "min_tokens": 3,
+                                            "stop": word}).json()
+    assert stopped["choices"][0]["text"] == word * 2 and stopped["usage"]["completion_tokens"] == 3
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+
+def test_top_k_one_is_greedy_and_repetition_penalty_changes_greedy_output(url, served):
+    body = {"prompt": "The river runs", "max_tokens": 12}
+    greedy = post(url, "/v1/completions", {**body, "temperature": 0}).json()["choices"][0]["text"]
+    for seed in (1, 2, 3):
+        top1 = post(url, "/v1/completions", {**body, "temperature": 1.0, "top_k": 1, "seed": seed}).json()
+        assert top1["choices"][0]["text"] == greedy
+    assert post(url, "/v1/completions", {**body, "temperature": 0, "top_k": 5, "top_p": 0.1}).json()[
+        "choices"][0]["text"] == greedy  # greedy ignores top-k and top-p
+    rt = served.runtime
+    repeated = rt.stream(rt.encode(body["prompt"]), 12)
+    assert len(set(repeated)) <= 2  # the tiny model repeats itself...
+    penalised = post(url, "/v1/completions", {**body, "temperature": 0, "repetition_penalty": 3.0}).json()
+    assert penalised["choices"][0]["text"] != greedy  # ...and a penalty on seen tokens stops it
+    ids = list(rt.stream(rt.encode(body["prompt"]), 12, repetition_penalty=3.0))
+    assert len(set(ids)) > 6 and rt.decode(ids) == penalised["choices"][0]["text"]
+    assert post(url, "/v1/completions", {**body, "temperature": 0, "repetition_penalty": 1.0}).json()[
+        "choices"][0]["text"] == greedy
+
+
+def test_sampler_keeps_to_the_top_k_and_penalises_seen_tokens():
+    import torch
+
+    from llmopt.runtimes.hf import Sampler
+
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, -1.0, 0.5])
+    picks = {Sampler(torch, "cpu", temperature=2.0, top_k=3, seed=s).pick(logits) for s in range(200)}
+    assert picks == {0, 1, 2}
+    assert Sampler(torch, "cpu", temperature=2.0, top_k=1, seed=7).pick(logits) == 0
+    penalised = Sampler(torch, "cpu", repetition_penalty=2.5)
+    penalised.saw([0, 4])  # 4 / 2.5 = 1.6 < 3: the second token wins; -1 * 2.5 stays below
+    assert penalised.pick(logits) == 1
+    assert Sampler(torch, "cpu").pick(logits, banned={0, 1}) == 2
+
+
 # ---- errors -------------------------------------------------------------------------------
 
 
@@ -323,9 +413,20 @@ def test_request_errors_answer_openai_error_json(url):
     assert unsupported.status_code == 400 and "n=3 is not supported" in unsupported.json()["error"]["message"]
     out_of_range = post(url, "/v1/completions", {"prompt": "x", "temperature": 3})
     assert out_of_range.status_code == 400 and out_of_range.json()["error"]["param"] == "temperature"
+    refused = {"min_tokens (9) must be at most max_tokens (4)": {"min_tokens": 9, "max_tokens": 4},
+               "max_tokens must be at least 1": {"max_tokens": 0},
+               "supported without stream only": {"stream": True, "logprobs": 1},
+               "Unrecognized request argument supplied: top_kk": {"top_kk": 3}}
+    for message, extra in refused.items():
+        answer = post(url, "/v1/completions", {"prompt": "x", **extra})
+        assert answer.status_code == 400 and message in answer.json()["error"]["message"], answer.text
+    for extra in ({"repetition_penalty": 0}, {"logprobs": 21}, {"top_k": -2}, {"min_tokens": -1}):
+        assert post(url, "/v1/completions", {"prompt": "x", **extra}).json()["error"]["param"] == next(iter(extra))
+    assert "logprobs=True is not supported" in post(url, "/v1/chat/completions", {"messages": MESSAGES,
+                                                                                  "logprobs": True}).text
     after = metrics(url)
-    assert requests(after, "completions", "invalid") - requests(before, "completions", "invalid") == 6
-    assert requests(after, "chat", "invalid") - requests(before, "chat", "invalid") == 1
+    assert requests(after, "completions", "invalid") - requests(before, "completions", "invalid") == 14
+    assert requests(after, "chat", "invalid") - requests(before, "chat", "invalid") == 2
     assert requests(after, "chat", "not_found") - requests(before, "chat", "not_found") == 1
 
 
@@ -485,10 +586,22 @@ def test_onnx_model_folder_is_served_like_the_transformers_one(chat_model, url, 
     assert (served.format, served.runtime.name) == ("onnx", "onnxruntime")
     bodies = [("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 8, "temperature": 0}),
               ("/v1/completions", {"prompt": "The river runs", "max_tokens": 10, "temperature": 0})]
+    hf = load_model(chat_model, max_model_len=MAX_LEN).runtime
+    ids = hf.encode("The river runs")
+    for options in ({"repetition_penalty": 1.5}, {"temperature": 0.7, "top_k": 1}, {"repetition_penalty": 3.0}):
+        assert list(served.runtime.stream(ids, 10, **options)) == list(hf.stream(ids, 10, **options)), options
     with running(served) as onnx_url:
         for path, body in bodies:
             onnx_answer, hf_answer = post(onnx_url, path, body).json(), post(url, path, body).json()
             assert onnx_answer["choices"] == hf_answer["choices"] and onnx_answer["usage"] == hf_answer["usage"]
+        # onnxruntime-genai ends at its end-of-sequence token: ignore_eos masks it instead, for the same length
+        ignored = {"prompt": eos_prompt(served.runtime), "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        assert post(onnx_url, "/v1/completions", ignored).json()["usage"]["completion_tokens"] == 6
+        scoring = {"prompt": "The river runs past the mill", "echo": True, "logprobs": 2, "max_tokens": 0}
+        onnx_lp, hf_lp = (post(base, "/v1/completions", scoring).json()["choices"][0]["logprobs"]
+                          for base in (onnx_url, url))
+        assert onnx_lp["tokens"] == hf_lp["tokens"] and onnx_lp["token_logprobs"][0] is None
+        assert onnx_lp["token_logprobs"][1:] == pytest.approx(hf_lp["token_logprobs"][1:], abs=1e-4)
         sampled = {"prompt": "The river runs", "max_tokens": 10, "temperature": 0.9, "seed": 4}
         plain = post(onnx_url, "/v1/completions", sampled).json()["choices"][0]["text"]
         assert "".join(c["choices"][0]["text"] for c in streamed(onnx_url, "/v1/completions", sampled)[:-1]) == plain

@@ -10,15 +10,21 @@ behind an HTTP endpoint:
   last ``scored[i]`` tokens of each token sequence;
 * ``generate(prompt_ids, max_new_tokens, stop_ids=None) -> list[int]``: greedy.
 * ``stream(prompt_ids, max_new_tokens, stop_ids=None, temperature=0.0, top_p=1.0,
-  seed=None) -> Iterator[int]``: the new token ids one at a time, as each is
-  generated (the prompt is processed once; later steps reuse the KV cache).
-  Greedy at temperature 0, else sampled from the top-p nucleus with a generator
-  seeded by ``seed`` (the same seed gives the same tokens). Ends before a stop id
-  (the model's end-of-sequence ids when ``stop_ids`` is None; never yielded) or
-  after ``max_new_tokens``. The caller may stop early: closing the iterator (or
-  dropping it) must free the work in progress. ``llmopt serve`` makes every
-  runtime call from one worker thread and runs one stream at a time; it may call
-  ``encode`` / ``decode`` between two steps of a stream.
+  seed=None, top_k=0, repetition_penalty=1.0, min_new_tokens=0) -> Iterator[int]``:
+  the new token ids one at a time, as each is generated (the prompt is processed
+  once; later steps reuse the KV cache). The repetition penalty (vLLM's: a logit of
+  a token already in the prompt or the output divided by it when positive,
+  multiplied when negative) applies first, greedy or not; then greedy at
+  temperature 0, else sampled from the top-k tokens (0: all) and the top-p nucleus
+  with a generator seeded by ``seed`` (the same seed gives the same tokens). Ends
+  before a stop id (the model's end-of-sequence ids when ``stop_ids`` is None;
+  never yielded; an empty set never stops early) or after ``max_new_tokens``; stop
+  ids are masked out for the first ``min_new_tokens``. The caller may stop early:
+  closing the iterator (or dropping it) must free the work in progress.
+  ``llmopt serve`` makes every runtime call from one worker thread and runs one
+  stream at a time; it may call ``encode`` / ``decode`` between two steps of a stream.
+* ``logits(ids) -> numpy.ndarray``: float32 logits [len(ids), vocab] of one
+  sequence at every position (``llmopt serve``'s prompt log-probabilities).
 
 ``RUNTIMES`` maps a runtime name to ``module:Class``; modules are imported only
 when used. ``FORMAT_RUNTIME`` picks the default runtime for a model format.

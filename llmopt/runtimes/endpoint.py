@@ -15,7 +15,12 @@ same tokens):
 
 The served model name comes from ``GET /v1/models`` unless given. An API key,
 when the server needs one, is read from ``LLMOPT_API_KEY`` (never written
-anywhere). Needs: httpx, and transformers for the tokenizer.
+anywhere).
+
+``probe`` asks a server, in a few small requests, whether it can do what an eval
+needs (it answers; it echoes prompt log-probabilities; it generates; it chats),
+so that a plan fails before any model is scored rather than after the baseline.
+Needs: httpx, and transformers for the tokenizer.
 """
 
 from __future__ import annotations
@@ -28,7 +33,21 @@ from llmopt.libraries import require
 from llmopt.errors import StageFailed
 
 LOGPROB_FIX = ("serve the model with an engine whose completions API echoes prompt log-probabilities "
-               "(vLLM, SGLang), or score in-process with runtime = \"transformers\"")
+               "(vLLM, SGLang, llmopt serve), or score in-process with runtime = \"transformers\"")
+
+
+PROBE_PROMPT = "The river ran past the old mill, and the miller watched it go."
+NEED_WORDS = {
+    "answers": "answer",
+    "loglikelihood": "score log-likelihoods (perplexity, multiple_choice, lm-eval log-likelihood tasks)",
+    "generation": "generate text on /v1/completions",
+    "chat": "answer chat on /v1/chat/completions",
+}
+
+
+def auth_headers() -> dict:
+    key = os.environ.get("LLMOPT_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def base_url(url: str) -> str:
@@ -53,8 +72,7 @@ class EndpointRuntime:
         httpx = require("httpx", "serve", "the endpoint runtime")
         transformers = require("transformers", "core", "the endpoint runtime's tokenizer")
         self.url = base_url(url)
-        headers = {"Authorization": f"Bearer {os.environ['LLMOPT_API_KEY']}"} if os.environ.get("LLMOPT_API_KEY") else {}
-        self.client = httpx.Client(timeout=timeout, headers=headers)
+        self.client = httpx.Client(timeout=timeout, headers=auth_headers())
         self.concurrency = concurrency
         if model_dir is None:
             raise StageFailed("the endpoint runtime needs a tokenizer folder", fix="pass the model folder the endpoint serves")
@@ -138,3 +156,87 @@ class EndpointRuntime:
                 "temperature": 0}
         choice = (self._post("/chat/completions", body).json().get("choices") or [{}])[0]
         return (choice.get("message") or {}).get("content") or ""
+
+
+def probe(url: str, needs, served_model: str | None = None, timeout: float = 60.0) -> list[tuple[str, str]]:
+    """What the server at ``url`` cannot do of ``needs`` (keys of NEED_WORDS), as (message, fix) pairs;
+    [] when it can do them all. Small requests, each the kind the eval will send: ``answers`` lists
+    the served models; ``loglikelihood`` posts /completions with echo=true, logprobs=1, max_tokens=0
+    (1 when the server refuses 0) and wants a log-probability for every prompt token but the first;
+    ``generation`` posts /completions, ``chat`` /chat/completions, for one greedy token."""
+    httpx = require("httpx", "serve", "the endpoint runtime")
+    base = base_url(url)
+    with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), headers=auth_headers()) as client:
+        try:
+            response = client.get(base + "/models")
+            models = (response.json().get("data") or []) if response.status_code < 400 else []
+        except httpx.HTTPError as exc:
+            return [(f"endpoint {base} does not answer: {exc}",
+                     "start the server first (`llmopt serve PATH`, vLLM, ...) or fix the URL")]
+        except (ValueError, AttributeError):
+            return [(f"endpoint {base}/models does not answer JSON: it is not an OpenAI-compatible API",
+                     "give the server's base URL, such as http://127.0.0.1:8000/v1")]
+        if not models and served_model is None:
+            return [(f"endpoint {base}/models lists no model (HTTP {response.status_code})",
+                     "check that the URL is an OpenAI-compatible server, or set endpoint_model")]
+        model = served_model or str(models[0].get("id"))
+        problems = []
+        for need in [n for n in NEED_WORDS if n in set(needs) and n != "answers"]:
+            try:
+                problem = PROBES[need](client, base, model)
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+                problem = f"its answer could not be read: {type(exc).__name__}: {exc}"
+            if problem:
+                fix = LOGPROB_FIX if need == "loglikelihood" else "check the server's log and its OpenAI API"
+                problems.append((f"endpoint {base} cannot {NEED_WORDS[need]}: {problem}", fix))
+        return problems
+
+
+def refused(response) -> str:
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:300]
+    return f"HTTP {response.status_code}: {message}"
+
+
+def probe_loglikelihood(client, base: str, model: str) -> str | None:
+    body = {"model": model, "prompt": PROBE_PROMPT, "echo": True, "logprobs": 1, "temperature": 0, "max_tokens": 0}
+    response = client.post(base + "/completions", json=body)
+    if response.status_code >= 400:  # as the endpoint runtime does: ask for one token and drop it
+        first, body["max_tokens"] = refused(response), 1
+        response = client.post(base + "/completions", json=body)
+        if response.status_code >= 400:
+            return f"POST /completions with echo=true, logprobs=1 answered {first}; with max_tokens=1, {refused(response)}"
+    answer = response.json()
+    values = ((answer["choices"][0] or {}).get("logprobs") or {}).get("token_logprobs")
+    counted = (answer.get("usage") or {}).get("prompt_tokens")
+    prompt_tokens = int(counted or 2)
+    if not isinstance(values, list) or len(values) < prompt_tokens:
+        got = len(values) if isinstance(values, list) else 0
+        size = f"{prompt_tokens} tokens" if counted else "several tokens"
+        return (f"it returned {got} log-probabilities for a prompt of {size} with echo=true, logprobs=1: "
+                "it does not echo prompt log-probabilities")
+    if any(not isinstance(v, (int, float)) for v in values[1:prompt_tokens]):
+        return "it left some prompt log-probabilities empty"
+    return None
+
+
+def probe_generation(client, base: str, model: str) -> str | None:
+    body = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
+    response = client.post(base + "/completions", json=body)
+    if response.status_code >= 400:
+        return f"POST /completions answered {refused(response)}"
+    return None if isinstance(response.json()["choices"][0].get("text"), str) else "its answer has no text"
+
+
+def probe_chat(client, base: str, model: str) -> str | None:
+    body = {"model": model, "messages": [{"role": "user", "content": PROBE_PROMPT}], "max_tokens": 1, "temperature": 0}
+    response = client.post(base + "/chat/completions", json=body)
+    if response.status_code >= 400:
+        return f"POST /chat/completions answered {refused(response)}"
+    message = response.json()["choices"][0].get("message") or {}
+    return None if "content" in message else "its answer has no message content"
+
+
+PROBES = {"loglikelihood": probe_loglikelihood, "generation": probe_generation, "chat": probe_chat}

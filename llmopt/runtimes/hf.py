@@ -79,43 +79,79 @@ class TransformersRuntime:
         ids.update(config_eos if isinstance(config_eos, (list, tuple)) else [config_eos])
         return {i for i in ids if i is not None}
 
+    def logits(self, ids: list[int]):
+        """float32 logits [len(ids), vocab] of one sequence, every position (a numpy array)."""
+        torch = self.torch
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0]
+        return out.float().cpu().numpy()
+
     def stream(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None,
-               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
+               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, top_k: int = 0,
+               repetition_penalty: float = 1.0, min_new_tokens: int = 0) -> Iterator[int]:
         """Yield new token ids one at a time, reusing the KV cache between steps.
 
-        Greedy when ``temperature`` is 0, else nucleus sampling (``top_p``) seeded by ``seed``.
-        Stops before a stop id (the model's end-of-sequence ids by default; not yielded) or
-        after ``max_new_tokens``. Closing the iterator stops the work at once."""
+        Each step's logits go through ``Sampler``: the repetition penalty, then greedy at
+        ``temperature`` 0, else top-k / top-p sampling seeded by ``seed``. Stops before a stop id
+        (the model's end-of-sequence ids by default; not yielded; masked for the first
+        ``min_new_tokens``) or after ``max_new_tokens``. Closing the iterator stops the work at once."""
         torch = self.torch
         stops = self.eos_ids if stop_ids is None else set(stop_ids)
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device=self.device)
-            if seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(seed)
+        sampler = Sampler(torch, self.device, temperature, top_p, top_k, repetition_penalty, seed)
+        sampler.saw(prompt_ids)
         # only the last position's logits: a long prompt's full logits would take vocab x length floats
         last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
         ids, past = torch.tensor([prompt_ids], device=self.device), None
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             with torch.inference_mode():
                 out = self.model(input_ids=ids, past_key_values=past, use_cache=True, **last_only)
-                token = pick_token(torch, out.logits[0, -1].float(), temperature, top_p, generator)
+                token = sampler.pick(out.logits[0, -1].float(), stops if step < min_new_tokens else ())
             past, out = out.past_key_values, None
             if token in stops:
                 return
+            sampler.saw([token])
             yield token
             ids = torch.tensor([[token]], device=self.device)
 
 
-def pick_token(torch, logits, temperature: float, top_p: float, generator) -> int:
-    """The next token from one position's logits: argmax, or a sample from the top-p nucleus."""
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # the smallest set reaching top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
+class Sampler:
+    """The next token from one position's logits, as vLLM's sampler picks it: the repetition penalty
+    (HF / vLLM style: a seen token's positive logit divided by it, a negative one multiplied) over the
+    prompt and the tokens so far; then argmax at temperature 0 (top-k and top-p do not apply), else
+    temperature, top-k (0: all tokens), top-p, and a draw from a generator seeded by ``seed``."""
+
+    def __init__(self, torch, device: str, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 repetition_penalty: float = 1.0, seed: int | None = None):
+        self.torch, self.temperature, self.top_p, self.top_k = torch, temperature, top_p, top_k
+        self.penalty, self.seen, self.generator = repetition_penalty, set(), None
+        if temperature > 0:
+            self.generator = torch.Generator(device=device)
+            if seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(seed)
+
+    def saw(self, ids) -> None:
+        if self.penalty != 1.0:
+            self.seen.update(int(i) for i in ids)
+
+    def pick(self, logits, banned=()) -> int:
+        torch = self.torch
+        if self.seen:
+            index = torch.tensor(sorted(i for i in self.seen if i < logits.shape[-1]), device=logits.device)
+            values = logits[index]
+            logits = logits.index_put((index,), torch.where(values > 0, values / self.penalty, values * self.penalty))
+        if banned:
+            logits = logits.index_fill(0, torch.tensor(sorted(banned), device=logits.device), float("-inf"))
+        if self.temperature <= 0:
+            return int(logits.argmax())
+        logits = logits / self.temperature
+        if 0 < self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(-1) - sorted_probs < self.top_p  # the smallest set reaching top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+        return int(torch.multinomial(probs, 1, generator=self.generator))

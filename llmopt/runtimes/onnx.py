@@ -44,6 +44,7 @@ class OnnxRuntime:
         self.model = og.Model(config)
         self.tokenizer = og.Tokenizer(self.model)
         self.bos_id = hf_bos_id(self.model_dir)
+        self.special_ids = special_ids(self.model_dir)
         self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
         self.context_length = int(self.config.get("context_length") or 0) or None
 
@@ -54,6 +55,9 @@ class OnnxRuntime:
         return ([self.bos_id] if bos and self.bos_id is not None else []) + ids
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` without special tokens, as the transformers runtime decodes (og's decode
+        turns a text of special tokens only into U+FFFD)."""
+        ids = [i for i in ids if int(i) not in self.special_ids]
         return self.tokenizer.decode(np.asarray(ids, dtype=np.int32)) if len(ids) else ""
 
     @property
@@ -91,18 +95,30 @@ class OnnxRuntime:
         return list(self.stream(prompt_ids, max_new_tokens, stop_ids))
 
     def stream(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None,
-               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> Iterator[int]:
+               temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, top_k: int = 0,
+               repetition_penalty: float = 1.0, min_new_tokens: int = 0) -> Iterator[int]:
         """Yield new token ids one at a time; the KV cache stays inside the og.Generator.
 
-        Greedy when ``temperature`` is 0, else nucleus sampling (``top_p``, no top-k cut) seeded by
-        ``seed``. Stops before a stop id (the model's end-of-sequence ids by default; not yielded)
-        or after ``max_new_tokens``; the model's own end-of-sequence ids also end generation.
+        onnxruntime-genai's own search does the sampling: ``repetition_penalty`` (greedy too), then
+        greedy at ``temperature`` 0, else top-k (0: all tokens) and top-p sampling seeded by ``seed``.
+        Stops before a stop id (the model's end-of-sequence ids by default; not yielded) or after
+        ``max_new_tokens``. The generator itself ends at the model's end-of-sequence token, so its
+        ``min_length`` masks that token for the first ``min_new_tokens`` tokens, or for all of them
+        when ``stop_ids`` leaves it out (``ignore_eos``): the length is the one asked for, but the
+        token is never generated, where a runtime that generates it would go on after it.
         Closing the iterator frees the generator at once."""
         stops = self.eos_ids if stop_ids is None else set(stop_ids)
+        if not self.eos_ids <= stops:
+            min_new_tokens = max_new_tokens
         search: dict = {"do_sample": False}
         if temperature > 0:
             search = {"do_sample": True, "temperature": temperature, "top_p": top_p,
-                      "top_k": int(self.config.get("vocab_size") or 0), "random_seed": -1 if seed is None else seed}
+                      "top_k": top_k if top_k > 0 else int(self.config.get("vocab_size") or 0),
+                      "random_seed": -1 if seed is None else seed}
+        if repetition_penalty != 1.0:
+            search["repetition_penalty"] = repetition_penalty
+        if min_new_tokens > 0:
+            search["min_length"] = len(prompt_ids) + min(min_new_tokens, max_new_tokens)
         generator = self._generator(len(prompt_ids) + max_new_tokens, **search)
         try:
             generator.append_tokens(np.asarray(prompt_ids, dtype=np.int32))
@@ -155,6 +171,15 @@ def default_prompt(runtime: OnnxRuntime, length: int) -> list[int]:
     from llmopt import data
 
     return runtime.encode("\n\n".join(data.load_texts("builtin:prose-eval")))[:length]
+
+
+def special_ids(model_dir: Path) -> set[int]:
+    """Ids of the special tokens of tokenizer.json (added tokens marked special)."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return set()
+    added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens", [])
+    return {int(t["id"]) for t in added if t.get("special")}
 
 
 def hf_bos_id(model_dir: Path) -> int | None:

@@ -5,7 +5,9 @@ server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health`` a
 ``GET /metrics``. Generation runs on the scheduler's worker thread; a handler
 tokenizes, queues a job and relays the job's events. A client that goes away
 cancels its job: a streamed answer notices when its send is cancelled, a plain
-one polls for the disconnect while it waits.
+one polls for the disconnect while it waits. A completion with ``echo`` and
+``max_tokens=0`` generates nothing: the worker scores its prompt between two tokens
+of the running job (llmopt/server/logprobs.py), as it tokenizes.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmopt.server import schemas
+from llmopt.server import logprobs, schemas
 from llmopt.server.chat import NoChatTemplate, render_chat
 from llmopt.server.metrics import CONTENT_TYPE, Metrics
 from llmopt.server.model import ServedModel
-from llmopt.server.scheduler import Job, QueueFull, Scheduler
+from llmopt.server.scheduler import Job, QueueFull, Scheduler, needs_stream
 
 ENDPOINT_OF_PATH = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DISCONNECT_POLL_S = 0.25
@@ -62,8 +64,11 @@ def create_app(served: ServedModel, max_queue: int = 16) -> FastAPI:
     async def completions(body: schemas.CompletionRequest, request: Request):
         check_request(body, served)
         prompt_ids = await asyncio.wrap_future(scheduler.call(completion_prompt, body, served))
+        reply = Reply("cmpl", served.name, chat=False)
+        if body.max_tokens == 0:
+            return await score_prompt(body, prompt_ids, reply, served, scheduler, metrics)
         job = make_job("completions", body, prompt_ids, body.max_tokens, served)
-        return await answer(request, job, body, Reply("cmpl", served.name, chat=False), scheduler)
+        return await answer(request, job, body, reply, scheduler)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: schemas.ChatCompletionRequest, request: Request):
@@ -136,9 +141,12 @@ def check_request(body: schemas.Sampling, served: ServedModel) -> None:
     problem = body.unsupported()
     if problem:
         raise ApiError(400, problem)
-    if body.temperature > 0 and not hasattr(served.runtime, "stream"):
-        raise ApiError(400, f"the {served.runtime.name} runtime can only generate greedily: pass temperature 0",
-                       param="temperature")
+    if not hasattr(served.runtime, "stream") and needs_stream(job_of(body, [], 1)):
+        raise ApiError(400, f"the {served.runtime.name} runtime can only generate greedily to the end of the "
+                       "text: pass temperature 0, no repetition_penalty, min_tokens or ignore_eos")
+    if isinstance(body, schemas.CompletionRequest) and body.logprobs is not None \
+            and not hasattr(served.runtime, "logits"):
+        raise ApiError(400, f"the {served.runtime.name} runtime cannot return log-probabilities", param="logprobs")
 
 
 def completion_prompt(body: schemas.CompletionRequest, served: ServedModel) -> list[int]:
@@ -177,11 +185,55 @@ def make_job(endpoint: str, body: schemas.Sampling, prompt_ids: list[int], max_t
     limit, n_prompt = served.max_model_len, len(prompt_ids)
     if max_tokens is None:  # chat without a limit: up to the end of the context
         max_tokens = limit - n_prompt
-    if n_prompt + max(max_tokens, 1) > limit:
+    check_length(n_prompt, max_tokens, limit)
+    return job_of(body, prompt_ids, max_tokens, endpoint)
+
+
+def check_length(n_prompt: int, max_tokens: int, limit: int, least: int = 1) -> None:
+    """A 400 unless the prompt and ``max_tokens`` (at least ``least``) fit the served context."""
+    if n_prompt + max(max_tokens, least) > limit:
         raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                        f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
                        "Please reduce the length of the prompt or of max_tokens.", code="context_length_exceeded")
-    return Job(endpoint, prompt_ids, max_tokens, body.temperature, body.top_p, body.seed, body.stops())
+
+
+def job_of(body: schemas.Sampling, prompt_ids: list[int], max_tokens: int, endpoint: str = "completions") -> Job:
+    """The job of a request's sampling arguments, with vLLM's defaults for its extensions."""
+    penalty = 1.0 if body.repetition_penalty is None else body.repetition_penalty
+    return Job(endpoint, prompt_ids, max_tokens, body.temperature, body.top_p, body.seed, body.stops(),
+               top_k=max(body.top_k or 0, 0), repetition_penalty=penalty, min_tokens=body.min_tokens,
+               ignore_eos=body.ignore_eos)
+
+
+async def score_prompt(body: schemas.CompletionRequest, prompt_ids: list[int], reply: "Reply", served: ServedModel,
+                       scheduler: Scheduler, metrics: Metrics):
+    """``echo`` with ``max_tokens=0``: the prompt with its log-probabilities, nothing generated."""
+    check_length(len(prompt_ids), 0, served.max_model_len, least=0)
+    if not prompt_ids:
+        raise ApiError(400, "the prompt is empty: there is nothing to echo", param="prompt")
+    started = time.monotonic()
+    text, scores = await scored(scheduler, body, prompt_ids, [], "")
+    metrics.finished("completions", "ok", len(prompt_ids), 0, time.monotonic() - started)
+    usage = reply.usage_of(len(prompt_ids), 0)
+    return JSONResponse(reply.full(text, "length", usage, scores))
+
+
+async def scored(scheduler: Scheduler, body: schemas.CompletionRequest, prompt_ids: list[int], generated: list[int],
+                 text: str) -> tuple[str, dict | None]:
+    """The choice's text and logprobs with ``echo`` / ``logprobs``, computed on the worker thread."""
+    try:
+        return await asyncio.wrap_future(scheduler.call(logprobs.choice_parts, scheduler.runtime, prompt_ids,
+                                                        prompt_string(body), generated, text, bool(body.echo),
+                                                        body.logprobs))
+    except Exception as exc:  # the runtime could not score: this request fails, not the server
+        raise ApiError(500, f"scoring the tokens failed: {type(exc).__name__}: {exc}", kind="server_error") from None
+
+
+def prompt_string(body: schemas.CompletionRequest) -> str | None:
+    """The prompt as the client wrote it, when it is text (what ``echo`` returns); None for token ids."""
+    prompt = body.prompt[0] if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str) \
+        else body.prompt
+    return prompt if isinstance(prompt, str) else None
 
 
 async def answer(request: Request, job: Job, body: schemas.Sampling, reply: "Reply", scheduler: Scheduler):
@@ -194,13 +246,21 @@ async def answer(request: Request, job: Job, body: schemas.Sampling, reply: "Rep
         raise ApiError(429, f"The server is busy: {exc}. Retry shortly.", kind="rate_limit_exceeded",
                        code="rate_limit_exceeded") from None
     if body.stream:
-        return StreamingResponse(sse(job, events, reply, body.include_usage(), scheduler),
+        return StreamingResponse(sse(job, events, reply, body, scheduler),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                                  background=BackgroundTask(scheduler.cancel, job))
-    return await collect(request, job, events, reply, scheduler)
+    done = await collect(request, job, events, scheduler)
+    if done is None:
+        return Response(status_code=499)  # nobody reads it
+    text, finish, completion_tokens = done
+    scores = None
+    if isinstance(body, schemas.CompletionRequest) and (body.echo or body.logprobs is not None):
+        text, scores = await scored(scheduler, body, job.prompt_ids, job.tokens, text)
+    return JSONResponse(reply.full(text, finish, reply.usage(job, completion_tokens), scores))
 
 
-async def collect(request: Request, job: Job, events: asyncio.Queue, reply: "Reply", scheduler: Scheduler):
+async def collect(request: Request, job: Job, events: asyncio.Queue, scheduler: Scheduler):
+    """(text, finish_reason, completion tokens) of a job, or None when the client went away."""
     parts, loop = [], asyncio.get_running_loop()
     checked = loop.time()
     try:
@@ -213,7 +273,7 @@ async def collect(request: Request, job: Job, events: asyncio.Queue, reply: "Rep
                 checked = loop.time()
                 if await request.is_disconnected():
                     scheduler.cancel(job)
-                    return Response(status_code=499)  # nobody reads it
+                    return None
             if event is None:
                 continue
             if event[0] == "text":
@@ -221,26 +281,32 @@ async def collect(request: Request, job: Job, events: asyncio.Queue, reply: "Rep
             elif event[0] == "error":
                 raise ApiError(500, event[1], kind="server_error")
             else:
-                usage = reply.usage(job, event[2])
-                return JSONResponse(reply.full("".join(parts), event[1], usage))
+                return "".join(parts), event[1], event[2]
     finally:
         scheduler.cancel(job)  # no-op once the job has finished
 
 
-async def sse(job: Job, events: asyncio.Queue, reply: "Reply", include_usage: bool, scheduler: Scheduler):
+async def sse(job: Job, events: asyncio.Queue, reply: "Reply", body: schemas.Sampling, scheduler: Scheduler):
+    """The job's events as server-sent events; with ``continuous_usage_stats`` each chunk carries the
+    usage so far (vLLM's extension), with ``include_usage`` a last chunk carries the total."""
+    continuous = body.continuous_usage()
+
+    def usage(tokens: int) -> schemas.Usage | None:
+        return reply.usage(job, tokens) if continuous else None
+
     try:
         if reply.chat:
-            yield data(reply.chunk(None, None, role=True))
+            yield data(reply.chunk(None, None, role=True, usage=usage(0)))
         while True:
             event = await events.get()
             if event[0] == "text":
-                yield data(reply.chunk(event[1], None))
+                yield data(reply.chunk(event[1], None, usage=usage(event[2])))
             elif event[0] == "error":
                 yield data(schemas.error_body(event[1], "server_error"))
                 break
             else:
-                yield data(reply.chunk(None if reply.chat else "", event[1]))
-                if include_usage:
+                yield data(reply.chunk(None if reply.chat else "", event[1], usage=usage(event[2])))
+                if body.include_usage():
                     yield data(reply.usage_chunk(reply.usage(job, event[2])))
                 break
         yield "data: [DONE]\n\n"
@@ -260,19 +326,24 @@ class Reply:
         self.created = int(time.time())
 
     def usage(self, job: Job, completion_tokens: int) -> schemas.Usage:
-        n = len(job.prompt_ids)
-        return schemas.Usage(prompt_tokens=n, completion_tokens=completion_tokens, total_tokens=n + completion_tokens)
+        return self.usage_of(len(job.prompt_ids), completion_tokens)
 
-    def full(self, text: str, finish: str, usage: schemas.Usage) -> dict:
+    @staticmethod
+    def usage_of(prompt_tokens: int, completion_tokens: int) -> schemas.Usage:
+        return schemas.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                             total_tokens=prompt_tokens + completion_tokens)
+
+    def full(self, text: str, finish: str, usage: schemas.Usage, scores: dict | None = None) -> dict:
         head = {"id": self.id, "created": self.created, "model": self.model, "usage": usage}
         if self.chat:
             choice = schemas.ChatChoice(message=schemas.ChatMessage(content=text), finish_reason=finish)
             return schemas.ChatCompletion(**head, choices=[choice]).model_dump(mode="json")
-        choice = schemas.CompletionChoice(text=text, finish_reason=finish)
+        choice = schemas.CompletionChoice(text=text, finish_reason=finish, logprobs=scores)
         return schemas.Completion(**head, choices=[choice]).model_dump(mode="json")
 
-    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict:
-        head = {"id": self.id, "created": self.created, "model": self.model}
+    def chunk(self, text: str | None, finish: str | None, role: bool = False,
+              usage: schemas.Usage | None = None) -> dict:
+        head = {"id": self.id, "created": self.created, "model": self.model, "usage": usage}
         if self.chat:
             delta = schemas.ChatDelta(role="assistant", content="") if role else schemas.ChatDelta(content=text)
             choice = schemas.ChatChunkChoice(delta=delta, finish_reason=finish)

@@ -31,8 +31,9 @@ class QueueFull(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """One generation request. ``emit`` receives, on the worker thread, ("text", delta),
-    then ("done", finish_reason, completion_tokens) or ("error", message)."""
+    """One generation request. ``emit`` receives, on the worker thread, ("text", delta,
+    completion_tokens so far), then ("done", finish_reason, completion_tokens) or ("error", message).
+    ``tokens`` collects the generated token ids."""
 
     endpoint: str
     prompt_ids: list[int]
@@ -41,6 +42,11 @@ class Job:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    tokens: list[int] = field(default_factory=list)
     emit: Callable[[tuple], None] = lambda event: None
     arrived: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -154,7 +160,7 @@ class Scheduler:
 
     def _generate(self, job: Job) -> None:
         self.metrics.observe(self.metrics.queue_wait, time.monotonic() - job.arrived)
-        text = TextStream(self.runtime.decode, job.stop)
+        text = TextStream(self.runtime.decode, job.stop, job.min_tokens)
         tokens, finish, first_at = None, None, None
         try:
             tokens = token_stream(self.runtime, job)
@@ -164,12 +170,13 @@ class Scheduler:
                     finish = "length" if job.completion_tokens >= job.max_tokens else "stop"
                     break
                 job.completion_tokens += 1
+                job.tokens.append(token)
                 delta, stopped = text.add(token)
                 if first_at is None:
                     first_at = time.monotonic()
                     self.metrics.observe(self.metrics.ttft, first_at - job.arrived)
                 if delta:
-                    _send(job, ("text", delta))
+                    _send(job, ("text", delta, job.completion_tokens))
                 self._run_calls()
                 if stopped:
                     finish = "stop"
@@ -192,7 +199,7 @@ class Scheduler:
             return
         rest = text.flush()
         if rest:
-            _send(job, ("text", rest))
+            _send(job, ("text", rest, job.completion_tokens))
         if first_at is not None and job.completion_tokens > 1:
             self.metrics.observe(self.metrics.tpot, (now - first_at) / (job.completion_tokens - 1))
         self.metrics.finished(job.endpoint, "ok", len(job.prompt_ids), job.completion_tokens, now - job.arrived)
@@ -201,13 +208,23 @@ class Scheduler:
 
 def token_stream(runtime, job: Job):
     """The runtime's token iterator for a job (``stream``; ``generate`` for a runtime without it,
-    which can only be greedy and cannot stop early)."""
+    which can only be greedy and cannot stop early). ``ignore_eos``: no stop ids at all."""
     if hasattr(runtime, "stream"):
-        return iter(runtime.stream(job.prompt_ids, job.max_tokens, temperature=job.temperature, top_p=job.top_p,
-                                   seed=job.seed))
-    if job.temperature > 0:
+        options = {"temperature": job.temperature, "top_p": job.top_p, "seed": job.seed}
+        sampling = {"top_k": job.top_k, "repetition_penalty": job.repetition_penalty, "min_new_tokens": job.min_tokens}
+        options.update({k: v for k, v in sampling.items() if v != PLAIN[k]})  # a runtime may predate them
+        return iter(runtime.stream(job.prompt_ids, job.max_tokens, set() if job.ignore_eos else None, **options))
+    if needs_stream(job):
         raise ValueError(f"the {runtime.name} runtime can only generate greedily: pass temperature 0")
     return iter(runtime.generate(job.prompt_ids, job.max_tokens))
+
+
+PLAIN = {"top_k": 0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+
+
+def needs_stream(job: Job) -> bool:
+    """Whether the job asks for more than greedy decoding to the end-of-sequence token."""
+    return job.temperature > 0 or job.repetition_penalty != 1.0 or job.min_tokens > 0 or job.ignore_eos
 
 
 def _send(job: Job, event: tuple) -> None:

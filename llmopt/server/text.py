@@ -3,7 +3,9 @@
 Each new token re-decodes the whole completion and sends what is new. Two things
 are held back until the next token settles them: a trailing U+FFFD (a character
 whose UTF-8 bytes are split across tokens) and a tail that could be the start of a
-stop string. When a stop string appears, the text ends just before it.
+stop string. When a stop string appears, the text ends just before it. Before
+``min_tokens`` tokens (vLLM's ``min_tokens``) stop strings are not looked for: the
+text so far is sent, and a stop string is searched for only in text after it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, decode: Callable[[list[int]], str], stops: list[str] | None = None):
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str] | None = None, min_tokens: int = 0):
         self.decode = decode
         self.stops = [s for s in stops or [] if s]
+        self.min_tokens = min_tokens
         self.ids: list[int] = []
         self.sent = 0  # characters of the decoded text already handed out
         self.stopped = False
@@ -25,6 +28,10 @@ class TextStream:
         """Add one token: (the text that may be sent now, whether a stop string ended the text)."""
         self.ids.append(token)
         text = self.decode(self.ids)
+        if len(self.ids) < self.min_tokens:  # stop strings do not count yet
+            safe = len(text) - held_back(text, [])
+            delta, self.sent = (text[self.sent : safe], safe) if safe > self.sent else ("", self.sent)
+            return delta, False
         cut = first_stop(text, self.stops, self.sent)
         if cut is not None:
             delta, self.sent, self.stopped = text[self.sent : cut], cut, True
