@@ -44,6 +44,12 @@ class EngineMissing(LlmoptError):
     exit_code = EXIT_MISSING_EXTRA
 
 
+class Interrupted(LlmoptError):
+    """Ctrl-C, SIGTERM or SIGHUP during a benchmark (after its server was stopped)."""
+
+    exit_code = 130
+
+
 @dataclass
 class Launch:
     """A server to start: its command, where, and what it is."""
@@ -209,7 +215,8 @@ def terminate_as_interrupt():
 
 @contextlib.contextmanager
 def running(launch: Launch, port: int, cache_root: Path, log_path: Path, startup_timeout_s: float, say=print):
-    """Start ``launch``, wait until it answers, yield its base URL; stop its process group on the way out."""
+    """Start ``launch``, wait until it answers, yield (its base URL, its pid); stop its process group on the
+    way out, whatever the way."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     pids = pid_dir(cache_root)
     pids.mkdir(parents=True, exist_ok=True)
@@ -224,7 +231,7 @@ def running(launch: Launch, port: int, cache_root: Path, log_path: Path, startup
             url = f"http://127.0.0.1:{port}"
             say(f"started {launch.engine} (pid {proc.pid}); waiting for {url}/health (log: {log_path})")
             wait_ready(url, proc, log_path, startup_timeout_s)
-            yield url
+            yield url, proc.pid
         finally:
             kill_group(proc.pid, proc)
             record.unlink(missing_ok=True)

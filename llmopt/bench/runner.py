@@ -63,8 +63,8 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     port = options.port or engine.free_port()
     launch = engine.plan_launch(folder, options.engine, port)
     vocab = options.vocab_size or model_limits(model_dir)[1]
-    with engine.running(launch, port, root, out_dir / "engine.log", options.startup_timeout_s, say) as url:
-        started = {"engine": launch.engine, "argv": launch.argv, "log": "engine.log"}
+    with engine.running(launch, port, root, out_dir / "engine.log", options.startup_timeout_s, say) as (url, pid):
+        started = {"engine": launch.engine, "argv": launch.argv, "pid": pid, "log": "engine.log"}
         return measure(url, started, workload, slo, options, out_dir, say, vocab)
 
 
@@ -90,7 +90,7 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
         "workload": workload.model_dump(), "slo": slo.model_dump(), "options": options.model_dump(),
         "client": {"kind": "llmopt asyncio client (aiohttp)", "aiohttp": _version("aiohttp"),
                    "sent": wl.sent_fields(options, server, vocab)},
-        "points": points, "saturation": saturation,
+        "points": points, "saturation": saturation, "out_dir": str(out_dir),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)), "duration_s": round(time.time() - began, 2),
     }
     report.write_all(result, rows, out_dir, options.plots)
@@ -154,3 +154,23 @@ def _version(dist: str) -> str | None:
     from llmopt.libraries import package_version
 
     return package_version(dist)
+
+
+def recorded_settings(target: str | Path) -> dict:
+    """The workload, SLO and [bench] settings an artifact's manifest records ({} for a URL or a model folder)."""
+    manifest = Path(target) / "manifest.json" if not is_url(target) else None
+    if manifest is None or not manifest.is_file():
+        return {}
+    recipe = (json.loads(manifest.read_text()).get("recipe") or {}).get("resolved") or {}
+    serve, section = recipe.get("serve") or {}, recipe.get("bench") or {}
+    return {"workload": serve.get("workload") or {}, "slo": serve.get("slo") or {},
+            "options": {k: section[k] for k in ("requests", "warmup", "repeats") if k in section}}
+
+
+def default_out_dir(target: str | Path) -> Path:
+    """bench/<target name>-<UTC time> under the current folder."""
+    import re
+
+    name = re.sub(r"^https?://", "", str(target)).rstrip("/") if is_url(target) else Path(target).resolve().name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "server"
+    return Path("bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"

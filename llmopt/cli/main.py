@@ -10,7 +10,7 @@ import os
 import sys
 
 
-from llmopt.cli import cp, doctor, eval, gate, init, ls, plan, run, schema, serve, validate, verify  # noqa: F401  (registers commands)
+from llmopt.cli import bench, cp, doctor, eval, gate, init, ls, plan, run, schema, serve, validate, verify  # noqa: F401  (registers commands)
 from llmopt.cli.app import app
 from llmopt.errors import EXIT_STAGE_FAILED, EXIT_USAGE, LlmoptError
 
