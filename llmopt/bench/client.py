@@ -130,14 +130,15 @@ class LagMonitor:
     """How late the event loop wakes from a short sleep: the client's own queueing delay."""
 
     def __init__(self):
-        self.lags: list[float] = []
+        self.lags: list[tuple[float, float]] = []  # (when, how late)
         self._task = None
 
     async def _run(self):
         while True:
             due = time.perf_counter() + LAG_TICK_S
             await asyncio.sleep(LAG_TICK_S)
-            self.lags.append(max(0.0, time.perf_counter() - due))
+            now = time.perf_counter()
+            self.lags.append((now, max(0.0, now - due)))
 
     def __enter__(self):
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -145,6 +146,17 @@ class LagMonitor:
 
     def __exit__(self, *exc):
         self._task.cancel()
+
+
+class Mark:
+    """The client's clocks when the first measured (not warm-up) request starts."""
+
+    def __init__(self):
+        self.cpu = self.wall = None
+
+    def hit(self) -> None:
+        if self.wall is None:
+            self.cpu, self.wall = time.process_time(), time.perf_counter()
 
 
 async def _body_sent(session, ctx, params) -> None:
@@ -163,30 +175,35 @@ def session(timeout_s: float):
                                  read_bufsize=2**16, trace_configs=[trace])
 
 
-async def closed_loop(http, url: str, bodies: list[bytes], concurrency: int, warmup: bool = False) -> list[Record]:
-    """Send ``bodies`` with ``concurrency`` requests in flight; each worker sends its next when one ends."""
-    pending = list(reversed(bodies))
+async def closed_loop(http, url: str, items: list[tuple[bytes, bool]], concurrency: int, mark: Mark) -> list[Record]:
+    """Send the (body, is warm-up) items in order with ``concurrency`` requests in flight: each worker sends its
+    next when one ends, so the measured requests follow the warm-up ones without a pause (steady state)."""
+    pending = list(reversed(items))
     records: list[Record] = []
 
     async def worker():
         while pending:
-            body = pending.pop()
-            rec = Record(start=time.perf_counter(), warmup=warmup)
+            body, warm = pending.pop()
+            if not warm:
+                mark.hit()
+            rec = Record(start=time.perf_counter(), warmup=warm)
             records.append(await send(http, url, body, rec))
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(items)))))
     return records
 
 
-async def open_loop(http, url: str, bodies: list[bytes], rate: float, seed: int) -> list[Record]:
-    """Send ``bodies`` at Poisson arrivals of ``rate`` per second, whatever is still in flight."""
+async def open_loop(http, url: str, items: list[tuple[bytes, bool]], rate: float, seed: int, mark: Mark) -> list[Record]:
+    """Send the items at Poisson arrivals of ``rate`` per second, whatever is still in flight."""
     rng = random.Random(seed)
     origin, due, tasks = time.perf_counter(), 0.0, []
-    for body in bodies:
+    for body, warm in items:
         wait = origin + due - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
-        rec = Record(start=time.perf_counter(), scheduled=origin + due)
+        if not warm:
+            mark.hit()
+        rec = Record(start=time.perf_counter(), scheduled=origin + due, warmup=warm)
         tasks.append(asyncio.ensure_future(send(http, url, body, rec)))
         due += rng.expovariate(rate)
     return list(await asyncio.gather(*tasks))
@@ -194,23 +211,21 @@ async def open_loop(http, url: str, bodies: list[bytes], rate: float, seed: int)
 
 async def run_point(url: str, kind: str, value: float, bodies: list[bytes], warmup: list[bytes], timeout_s: float,
                     seed: int) -> dict:
-    """Warm-up (left out), then the measured requests; the records with the client's own costs.
-
-    The warm-up runs at the point's concurrency, so the measured requests find their connections
-    open; the cyclic garbage collector is paused while the point runs (a collection is a pause
-    of the event loop, which would show as latency)."""
+    """The warm-up requests, then at once the measured ones, in one stream of load; the measured records with
+    the client's own costs from the first measured request on. The cyclic garbage collector is paused while
+    the point runs (a collection is a pause of the event loop, which would show as latency)."""
+    items = [(b, True) for b in warmup] + [(b, False) for b in bodies]
+    mark = Mark()
     async with session(timeout_s) as http:
-        width = int(value) if kind == "concurrency" else 4
-        warm = await closed_loop(http, url, warmup, width, warmup=True) if warmup else []
-        with collector_paused():
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            with LagMonitor() as lag:
-                if kind == "concurrency":
-                    records = await closed_loop(http, url, bodies, int(value))
-                else:
-                    records = await open_loop(http, url, bodies, value, seed)
-            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    return {"records": records, "warmup": warm, "client_cpu_s": cpu, "client_wall_s": wall, "loop_lag_s": lag.lags}
+        with collector_paused(), LagMonitor() as lag:
+            if kind == "concurrency":
+                records = await closed_loop(http, url, items, int(value), mark)
+            else:
+                records = await open_loop(http, url, items, value, seed, mark)
+            mark.hit()  # no measured request at all
+            cpu, wall = time.process_time() - mark.cpu, time.perf_counter() - mark.wall
+    return {"records": [r for r in records if not r.warmup], "warmup": [r for r in records if r.warmup],
+            "client_cpu_s": cpu, "client_wall_s": wall, "loop_lag_s": [lag_s for t, lag_s in lag.lags if t >= mark.wall]}
 
 
 def run(url: str, kind: str, value: float, bodies: list[bytes], warmup: list[bytes], timeout_s: float,

@@ -28,7 +28,7 @@ class BenchOptions(BaseModel):
                         "errors pass 10%, or max_concurrency.")
     max_concurrency: int = Field(256, ge=1, description="Highest concurrency a sweep tries.")
     requests: int = Field(64, ge=1, description="Measured requests per point (a sweep sends at least 2 x concurrency).")
-    warmup: int = Field(4, ge=0, description="Requests sent before each point and left out of its figures.")
+    warmup: int = Field(4, ge=0, description="Requests sent before each point's measured ones, in the same stream of load, and left out (at a concurrency point at least the concurrency: one round, so that measuring starts in steady state).")
     repeats: int = Field(1, ge=1, description="Repeats of each point; the point's figures are the medians.")
     endpoint: Literal["completions", "chat"] = Field(
         "completions", description="/v1/completions (token-id prompts when the vocabulary is known) or "

@@ -109,11 +109,8 @@ def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, wor
     for repeat in range(options.repeats):
         seed = options.seed + 1000 * index + repeat
         bodies = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], requests, seed)
-        warm = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], options.warmup, seed + 500)
-        if options.warmup and kind == "concurrency" and value > options.warmup:  # open every connection first
-            short = workload.model_copy(update={"output_len": 1})
-            warm += wl.bodies(short, options, ctx["model"], ctx["server"], ctx["vocab"],
-                              int(value) - options.warmup, seed + 700)
+        n_warm = max(options.warmup, int(value)) if options.warmup and kind == "concurrency" else options.warmup
+        warm = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], n_warm, seed + 500)
         say(f"{label}: {requests} requests" + (f" (repeat {repeat + 1}/{options.repeats})" if options.repeats > 1 else ""))
         got = client.run(ctx["url"], kind, value, bodies, warm, options.request_timeout_s, seed)
         costs = metrics.client_costs(got["client_cpu_s"], got["client_wall_s"], got["loop_lag_s"])
