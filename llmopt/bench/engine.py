@@ -124,22 +124,32 @@ def _recipe_backend(folder: Path) -> str | None:
 
 # --- pid files -------------------------------------------------------------------------------------------------
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks (Linux), to tell it from a later process with its pid."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (Linux): [state, ppid, ...]; None elsewhere or when gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
-def _alive(pid: int, ticks: str | None) -> bool:
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks (Linux), to tell it from a later process with its pid."""
+    stat = _stat(pid)
+    return stat[19] if stat and len(stat) > 19 else None
+
+
+def _alive(pid: int, ticks: str | None = None) -> bool:
+    """Running (not a zombie), and the same process as when ``ticks`` was read."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return ticks is None or _start_ticks(pid) in (None, ticks)
+    stat = _stat(pid)
+    if stat is None:
+        return True
+    return stat[0] != "Z" and (ticks is None or stat[19] == ticks)
 
 
 def pid_dir(cache_root: Path) -> Path:
@@ -172,7 +182,7 @@ def kill_group(pgid: int, proc: subprocess.Popen | None, grace_s: float = STOP_G
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             break
-        if proc is None and not _group_alive(pgid):
+        if proc is None and not _alive(pgid):  # the leader; the group gets SIGKILL below
             break
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -180,14 +190,6 @@ def kill_group(pgid: int, proc: subprocess.Popen | None, grace_s: float = STOP_G
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 # --- one server's life -----------------------------------------------------------------------------------------
