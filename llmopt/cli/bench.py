@@ -34,6 +34,7 @@ def bench(
     port: Annotated[Optional[int], typer.Option(help="Port for a started server (default: a free one).")] = None,
     ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos (default: only to vLLM, SGLang, TensorRT-LLM).")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size, for token-id prompts to a URL.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the prompts and of the Poisson arrivals.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
     startup_timeout: Annotated[float, typer.Option(help="Seconds a started server may take to answer /health.")] = 1200.0,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots (needs matplotlib).")] = True,
@@ -59,7 +60,7 @@ def bench(
     workload = {k: v for k, v in (("input_len", input_len), ("output_len", output_len)) if v is not None}
     options = {"concurrency": _numbers(concurrency, int, "--concurrency"), "rate": _numbers(rate, float, "--rate"),
                "sweep": sweep, "max_concurrency": max_concurrency, "endpoint": endpoint, "model": model, "engine": engine,
-               "port": port, "ignore_eos": ignore_eos, "vocab_size": vocab_size, "request_timeout_s": timeout,
+               "port": port, "ignore_eos": ignore_eos, "vocab_size": vocab_size, "seed": seed, "request_timeout_s": timeout,
                "startup_timeout_s": startup_timeout, "plots": plots,
                **{k: v for k, v in (("requests", requests), ("warmup", warmup), ("repeats", repeats)) if v is not None}}
     from llmopt.bench.engine import Interrupted
