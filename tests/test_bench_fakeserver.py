@@ -192,10 +192,11 @@ def test_delays_are_the_injected_ones(fake_server):
         with urllib.request.urlopen(req) as resp:
             text = resp.read().decode()
         assert text.count("data: ") == 12 and text.rstrip().endswith("data: [DONE]")
-    for i, rec in enumerate(fake_server.truth().values()):
-        gaps = [(b - a) * 1e3 for a, b in zip(rec["sent"], rec["sent"][1:])]
-        assert (rec["sent"][0] - rec["arrived"]) * 1e3 == pytest.approx(ttft_ms(i), abs=5)
-        assert sum(gaps) == pytest.approx(itl_ms(i) * (10 + 2 * (STALL - 1)), abs=5)  # gaps 5 and 10 stall
+    for i, rec in enumerate(fake_server.truth().values()):  # never early; late by what a loaded machine adds
+        ttft, last = (rec["sent"][0] - rec["arrived"]) * 1e3, (rec["sent"][-1] - rec["arrived"]) * 1e3
+        assert ttft_ms(i) - 0.1 <= ttft <= ttft_ms(i) + 25
+        due = ttft_ms(i) + itl_ms(i) * (10 + 2 * (STALL - 1))  # gaps 5 and 10 stall
+        assert due - 0.1 <= last <= due + 25
 
 
 def test_spread_of_delays():

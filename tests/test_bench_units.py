@@ -8,12 +8,12 @@ import random
 import numpy as np
 import pytest
 
-from conftest import run_cli
 from test_bench_fakeserver import Running
 
 from llmopt.bench import BenchOptions, Workload, client, metrics, run_bench, runner, workload as wl
 from llmopt.bench.client import Record
 from llmopt.bench.report import markdown
+from llmopt.cli.main import main
 
 
 def record(start, ttft, gaps, tokens=None, error=None, end_after=0.0):
@@ -136,13 +136,30 @@ def test_sweep_stops_at_saturation_or_errors(tmp_path):
     (["-r", "0"], "--rate takes positive numbers"),
     (["--endpoint", "embeddings"], "--endpoint"),
 ])
-def test_usage_errors_exit_2(args, message):
-    res = run_cli("bench", "http://127.0.0.1:9", *args)
-    assert res.returncode == 2 and message in res.stderr, res.stderr
+def test_usage_errors_exit_2(args, message, capsys):
+    assert main(["bench", "http://127.0.0.1:9", *args]) == 2
+    assert message in capsys.readouterr().err
 
 
-def test_bad_targets(tmp_path):
-    res = run_cli("bench", str(tmp_path / "nothing"))
-    assert res.returncode == 2 and "neither a URL" in res.stderr
-    res = run_cli("bench", "http://127.0.0.1:9", "-o", str(tmp_path / "out"))
-    assert res.returncode == 1 and "no OpenAI-compatible server answers" in res.stderr
+def test_bad_targets(tmp_path, capsys):
+    assert main(["bench", str(tmp_path / "nothing")]) == 2
+    assert "neither a URL" in capsys.readouterr().err
+    assert main(["bench", "http://127.0.0.1:9", "-o", str(tmp_path / "out")]) == 1
+    assert "no OpenAI-compatible server answers" in capsys.readouterr().err
+
+
+def test_cli_json_output(tmp_path, capsys):
+    with Running("--owned-by", "sglang") as server:
+        code = main(["bench", server.url, "--input-len", "4", "--output-len", "3", "-c", "2", "-n", "4", "--warmup", "0",
+                     "--vocab-size", "100", "--slo", "e2e_p99_ms=5000", "-o", str(tmp_path), "--format", "json"])
+        truth = server.truth()
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result == json.loads((tmp_path / "bench.json").read_text())
+    assert result["target"]["server"] == "sglang" and all("ignore_eos" in r["keys"] for r in truth.values())
+    assert result["points"][0]["goodput"]["bounds"] == {"e2e_p99_ms": 5000.0}
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("matplotlib is not installed: no plots to check")
+    assert result["files"]["plots"] == ["latency.png", "throughput.png"]
+    assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in result["files"]["plots"])
