@@ -135,6 +135,7 @@ def test_sweep_stops_at_saturation_or_errors(tmp_path):
     (["-c", "two"], "--concurrency takes numbers"),
     (["-r", "0"], "--rate takes positive numbers"),
     (["--endpoint", "embeddings"], "--endpoint"),
+    (["--slo", "ttft_p99_ms=-1"], "slo.ttft_p99_ms: Input should be greater than 0"),
 ])
 def test_usage_errors_exit_2(args, message, capsys):
     assert main(["bench", "http://127.0.0.1:9", *args]) == 2

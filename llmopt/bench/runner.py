@@ -43,10 +43,11 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     started and always stopped); writes bench.json, bench.md, requests.jsonl and plots to ``out_dir`` and
     returns bench.json's content."""
     from llmopt.cache import default_root
+    from llmopt.libraries import require
 
-    workload = workload if isinstance(workload, Workload) else Workload(**(workload or {}))
-    slo = slo if isinstance(slo, SLO) else SLO(**(slo or {}))
-    options = options if isinstance(options, BenchOptions) else BenchOptions(**(options or {}))
+    workload, slo = _model(Workload, workload, "workload"), _model(SLO, slo, "slo")
+    options = _model(BenchOptions, options, "options")
+    require("aiohttp", "bench", "llmopt bench")  # before a server is started
     out_dir, say = Path(out_dir), say or (lambda message: None)
     if is_url(target):
         return measure(base_url(str(target)), None, workload, slo, options, out_dir, say, options.vocab_size)
@@ -66,6 +67,20 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     with engine.running(launch, port, root, out_dir / "engine.log", options.startup_timeout_s, say) as (url, pid):
         started = {"engine": launch.engine, "argv": launch.argv, "pid": pid, "log": "engine.log"}
         return measure(url, started, workload, slo, options, out_dir, say, vocab)
+
+
+def _model(cls, value, what: str):
+    """``value`` (a model, a dict or None) as ``cls``; a bad field is a usage error naming it."""
+    from pydantic import ValidationError
+
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(**(value or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"bench {what}.{key}: {first['msg']}", fix="see docs/bench.md") from None
 
 
 def measure(url: str, started: dict | None, workload: Workload, slo: SLO, options: BenchOptions, out_dir: Path,
