@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 TORCH := torch==2.13.0
-EXTRAS := torch,compress,modelopt,ort,eval,serve,deploy,plots,ray,dev
+EXTRAS := torch,compress,modelopt,ort,eval,serve,bench,deploy,plots,ray,dev
 STAMP := $(VENV)/.llmopt-installed
 
 .PHONY: demo test test-fast install clean vllm-env

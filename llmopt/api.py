@@ -206,3 +206,19 @@ def doctor() -> dict:
     report["engines"] = {name: shutil.which(exe) for name, exe in ENGINES.items()}
     return report
 
+
+def bench(target: str | Path, workload: dict | None = None, slo: dict | None = None, options: dict | None = None,
+          out_dir: str | Path | None = None, cache_dir: str | Path | None = None, out: Output | None = None) -> dict:
+    """Benchmark a server's URL, or an artifact or model folder (its server started and always stopped).
+
+    ``workload`` (input_len, output_len, concurrency), ``slo`` (ttft_p99_ms, tpot_p99_ms, e2e_p99_ms) and
+    ``options`` (llmopt.bench.BenchOptions' fields) override what an artifact's manifest records
+    ([serve].workload, [serve].slo, [bench] requests / warmup / repeats). Returns bench.json's content."""
+    from llmopt.bench.runner import default_out_dir, recorded_settings, run_bench
+
+    recorded = recorded_settings(target)
+    merged = {key: {**recorded.get(key, {}), **(given or {})}
+              for key, given in (("workload", workload), ("slo", slo), ("options", options))}
+    return run_bench(target, merged["workload"], merged["slo"], merged["options"], out_dir or default_out_dir(target),
+                     cache_dir=cache_dir, say=out.info if out else None)
+

@@ -1,0 +1,57 @@
+"""What one benchmark run does: the load points, how many requests, what is sent.
+
+The workload (prompt and output lengths, the default concurrency) and the SLO are the
+recipe's own ``[serve].workload`` and ``[serve].slo`` models, so a recipe, an artifact's
+manifest and the command line describe them alike.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmopt.recipe.schema import SLO, Workload
+
+__all__ = ["BenchOptions", "SLO", "Workload"]
+
+class BenchOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: list[int] = Field(
+        default_factory=list, description="Fixed-concurrency points (requests in flight); empty with no rate and no "
+        "sweep: the workload's concurrency.")
+    rate: list[float] = Field(
+        default_factory=list, description="Poisson-arrival points, in requests per second (open loop: arrivals do not "
+        "wait for answers).")
+    sweep: bool = Field(False, description="Concurrency 1, 2, 4, ... until throughput stops growing (saturation), "
+                        "errors pass 10%, or max_concurrency.")
+    max_concurrency: int = Field(256, ge=1, description="Highest concurrency a sweep tries.")
+    requests: int = Field(64, ge=1, description="Measured requests per point (a sweep sends at least 2 x concurrency).")
+    warmup: int = Field(4, ge=0, description="Requests sent before each point's measured ones, in the same stream of load, and left out (at a concurrency point at least the concurrency: one round, so that measuring starts in steady state).")
+    repeats: int = Field(1, ge=1, description="Repeats of each point; the point's figures are the medians.")
+    endpoint: Literal["completions", "chat"] = Field(
+        "completions", description="/v1/completions (token-id prompts when the vocabulary is known) or "
+        "/v1/chat/completions (text prompts).")
+    model: Optional[str] = Field(None, description="Model name sent in requests (default: the first of GET /v1/models).")
+    ignore_eos: Optional[bool] = Field(
+        None, description="Send ignore_eos so every answer has output_len tokens; default: yes for vLLM, SGLang and "
+        "TensorRT-LLM (from /v1/models owned_by), no otherwise (llmopt serve and OpenAI reject it).")
+    vocab_size: Optional[int] = Field(
+        None, ge=16, description="Vocabulary size for token-id prompts (default: the model folder's config.json; "
+        "a URL without it gets text prompts).")
+    request_timeout_s: float = Field(600.0, gt=0, description="Longest wait for one request, in seconds.")
+    startup_timeout_s: float = Field(1200.0, gt=0, description="Longest wait for a started engine to answer /health.")
+    engine: Literal["auto", "llmopt", "ort", "vllm", "sglang", "trtllm"] = Field(
+        "auto", description="For a folder target: what to start. auto: the artifact's deploy/<engine>/launch.sh "
+        "(vllm, sglang, trtllm, ort), else llmopt serve.")
+    port: Optional[int] = Field(None, ge=1, le=65535, description="Port of a started engine (default: a free one).")
+    seed: int = Field(0, description="Seed of prompts and Poisson arrivals.")
+    plots: bool = Field(True, description="Write PNG plots (needs matplotlib, the bench extra).")
+
+    def points(self, workload: Workload) -> list[tuple[str, float]]:
+        """The fixed load points, in order: ("concurrency", c) and ("rate", r); a sweep adds its own."""
+        if self.sweep:
+            return []
+        points = [("concurrency", float(c)) for c in self.concurrency] + [("rate", float(r)) for r in self.rate]
+        return points or [("concurrency", float(workload.concurrency))]

@@ -1,0 +1,134 @@
+"""Benchmark results as files: bench.json, bench.md (a table), requests.jsonl and PNG plots.
+
+Plots (matplotlib, the ``bench`` extra; skipped with a note when it is missing):
+``latency.png``, TTFT / TPOT / ITL / end-to-end p50 and p99 against the concurrency, and
+``throughput.png``, output tokens/s, requests/s and goodput against the concurrency
+(``latency-rate.png`` and ``throughput-rate.png`` for Poisson-rate points).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "end-to-end"))
+
+
+def load_label(point: dict) -> str:
+    load = point["load"]
+    return f"c={load['value']:g}" if load["kind"] == "concurrency" else f"{load['value']:g} req/s"
+
+
+def _ms(stat: dict | None, key: str) -> str:
+    return "-" if not stat else f"{stat[key]:.1f}"
+
+
+def markdown(result: dict) -> str:
+    """One row per load point."""
+    slo = {k: v for k, v in (result.get("slo") or {}).items() if v is not None}
+    w = result["workload"]
+    lines = [f"# llmopt bench: {result['target']['model']} at {result['target']['url']}", "",
+             f"Workload: {w['input_len']} input tokens, {w['output_len']} output tokens; "
+             f"SLO: {', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; "
+             f"{result['options']['requests']} requests per point after {result['options']['warmup']} warm-up.", "",
+             "| load | ok / sent | req/s | output tok/s | total tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+             "| ITL p50 / p99 ms | E2E p50 / p99 ms | goodput req/s | errors | client CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in result["points"]:
+        good, cpu = p.get("goodput"), (p.get("client") or {}).get("cpu_share_of_one_core")
+        cells = [load_label(p), f"{p['requests']['ok']} / {p['requests']['sent']}", f"{p['request_throughput']:.2f}",
+                 f"{p['output_throughput']:.1f}", f"{p['total_token_throughput']:.1f}",
+                 *(f"{_ms(p[key], 'p50')} / {_ms(p[key], 'p99')}" for key, _ in LATENCIES),
+                 f"{good['requests_per_s']:.2f} ({good['fraction']:.0%})" if good else "-",
+                 ", ".join(f"{k} {v['count']}" for k, v in p["errors"].items()) or "-",
+                 "-" if cpu is None else f"{cpu:.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if result.get("saturation"):
+        s = result["saturation"]
+        lines += ["", f"Saturation: {s['reason']}; highest request throughput at concurrency {s['best_concurrency']:g}."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict, out_dir: Path) -> tuple[list[str], str | None]:
+    """The PNG files written (latency.png and throughput.png for the concurrency points, latency-rate.png and
+    throughput-rate.png for the Poisson ones), and why none were when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "matplotlib is not installed (pip install 'llmopt[bench]')"
+    written = []
+    for kind, suffix in (("concurrency", ""), ("rate", "-rate")):
+        same = sorted((p for p in result["points"] if p["load"]["kind"] == kind), key=lambda p: p["load"]["value"])
+        if same:
+            latency_plot(plt, result, same, kind, out_dir / f"latency{suffix}.png")
+            throughput_plot(plt, result, same, kind, out_dir / f"throughput{suffix}.png")
+            written += [f"latency{suffix}.png", f"throughput{suffix}.png"]
+    return written, None if written else "no points"
+
+
+def _xlabel(kind: str) -> str:
+    return "concurrency (requests in flight)" if kind == "concurrency" else "offered rate (requests/s, Poisson)"
+
+
+def latency_plot(plt, result: dict, points: list[dict], kind: str, path: Path) -> None:
+    x = [p["load"]["value"] for p in points]
+    bounds = {"ttft_ms": "ttft_p99_ms", "tpot_ms": "tpot_p99_ms", "e2e_ms": "e2e_p99_ms"}
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
+    for ax, (key, title) in zip(axes.flat, LATENCIES):
+        for q, style in (("p50", "o-"), ("p99", "s--")):
+            ax.plot(x, [p[key][q] if p[key] else float("nan") for p in points], style, label=q)
+        bound = (result.get("slo") or {}).get(bounds.get(key, ""))
+        if bound:
+            ax.axhline(bound, color="red", linewidth=1, label="SLO (p99)")
+        ax.set(title=f"{title} (ms)", xlabel=_xlabel(kind))
+        _log_x(ax, kind, x)
+        ax.legend()
+    fig.suptitle(f"Latency against load: {result['target']['model']}")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def throughput_plot(plt, result: dict, points: list[dict], kind: str, path: Path) -> None:
+    x = [p["load"]["value"] for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    ax.plot(x, [p["output_throughput"] for p in points], "o-", label="output tokens/s")
+    ax.set(xlabel=_xlabel(kind), ylabel="output tokens/s", title=f"Throughput: {result['target']['model']}")
+    _log_x(ax, kind, x)
+    right = ax.twinx()
+    right.plot(x, [p["request_throughput"] for p in points], "s--", color="tab:green", label="requests/s")
+    if any(p.get("goodput") for p in points):
+        right.plot(x, [(p.get("goodput") or {}).get("requests_per_s", float("nan")) for p in points], "^:",
+                   color="tab:red", label="goodput (requests/s within the SLO)")
+    right.set_ylabel("requests/s")
+    handles = [h for a in (ax, right) for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _log_x(ax, kind: str, x: list[float]) -> None:
+    if kind == "concurrency" and len(x) > 2 and max(x) / max(min(x), 1) >= 8:
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+
+
+def write_all(result: dict, records: list[dict], out_dir: Path, with_plots: bool = True) -> dict:
+    """Write the files; returns their names (relative to ``out_dir``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"json": "bench.json", "markdown": "bench.md", "requests": "requests.jsonl", "plots": []}
+    if with_plots:
+        files["plots"], why = plots(result, out_dir)
+        if why:
+            files["plots_skipped"] = why
+    result["files"] = files
+    (out_dir / "bench.md").write_text(markdown(result))
+    with open(out_dir / "requests.jsonl", "w") as fh:
+        for row in records:
+            fh.write(json.dumps(row) + "\n")
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    return files

@@ -1,0 +1,188 @@
+"""One benchmark: resolve the target, start its server if it is a folder, run the load points, write results."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from llmopt.bench import client, engine, metrics, report, workload as wl
+from llmopt.bench.options import SLO, BenchOptions, Workload
+from llmopt.errors import StageFailed, UsageError
+
+SCHEMA_VERSION = 1
+SWEEP_GROWTH = 1.10  # a sweep stops once request throughput grows by less than this factor
+SWEEP_MAX_ERROR = 0.10  # ... or once more than this share of a point's requests fail
+
+
+def is_url(target: str | Path) -> bool:
+    return str(target).startswith(("http://", "https://"))
+
+
+def base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def served_models(url: str) -> dict:
+    """GET /v1/models, or a StageFailed saying that nothing OpenAI-compatible answers there."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise StageFailed(f"no OpenAI-compatible server answers at {url}/v1/models: {exc}", where=url,
+                          fix="start the server first, or check the URL (http://HOST:PORT)") from None
+
+
+def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | dict | None,
+              options: BenchOptions | dict | None, out_dir: str | Path, *, cache_dir: str | Path | None = None,
+              say=None) -> dict:
+    """Benchmark ``target`` (an OpenAI-compatible server's URL, or an artifact or model folder whose server is
+    started and always stopped); writes bench.json, bench.md, requests.jsonl and plots to ``out_dir`` and
+    returns bench.json's content."""
+    from llmopt.cache import default_root
+    from llmopt.libraries import require
+
+    workload, slo = _model(Workload, workload, "workload"), _model(SLO, slo, "slo")
+    options = _model(BenchOptions, options, "options")
+    require("aiohttp", "bench", "llmopt bench")  # before a server is started
+    out_dir, say = Path(out_dir), say or (lambda message: None)
+    if is_url(target):
+        return measure(base_url(str(target)), None, workload, slo, options, out_dir, say, options.vocab_size)
+    folder = Path(target).expanduser().resolve()
+    if not folder.is_dir():
+        raise UsageError(f"{target} is neither a URL (http://...) nor a folder",
+                         fix="pass a server's URL, or an artifact or model folder")
+    from llmopt.server.model import locate, model_limits
+
+    model_dir = locate(folder)[0]
+    root = Path(cache_dir).expanduser() if cache_dir else default_root()
+    for info in engine.stop_leftovers(root):
+        say(f"stopped a server left by an earlier llmopt bench (pid {info['pid']}: {' '.join(info['argv'][:4])} ...)")
+    port = options.port or engine.free_port()
+    launch = engine.plan_launch(folder, options.engine, port)
+    vocab = options.vocab_size or model_limits(model_dir)[1]
+    with engine.running(launch, port, root, out_dir / "engine.log", options.startup_timeout_s, say) as (url, pid):
+        started = {"engine": launch.engine, "argv": launch.argv, "pid": pid, "log": "engine.log"}
+        return measure(url, started, workload, slo, options, out_dir, say, vocab)
+
+
+def _model(cls, value, what: str):
+    """``value`` (a model, a dict or None) as ``cls``; a bad field is a usage error naming it."""
+    from pydantic import ValidationError
+
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(**(value or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"bench {what}.{key}: {first['msg']}", fix="see docs/bench.md") from None
+
+
+def measure(url: str, started: dict | None, workload: Workload, slo: SLO, options: BenchOptions, out_dir: Path,
+            say, vocab: int | None) -> dict:
+    models = served_models(url)
+    model = options.model or next((m.get("id") for m in models.get("data") or []), None)
+    if not model:
+        raise StageFailed(f"{url}/v1/models lists no model", where=url, fix="pass --model NAME")
+    server = wl.server_kind(models)
+    path = "/v1/chat/completions" if options.endpoint == "chat" else "/v1/completions"
+    vocab = vocab if options.endpoint == "completions" else None
+    began, rows = time.time(), []
+    ctx = {"url": url + path, "model": model, "server": server, "vocab": vocab, "slo": slo.model_dump(), "rows": rows}
+    points, saturation = [], None
+    for index, (kind, value) in enumerate(options.points(workload)):
+        points.append(run_point(ctx, index, kind, value, options.requests, workload, options, say))
+    if options.sweep:
+        saturation = sweep(ctx, points, workload, options, say)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "target": {"url": url, "model": model, "server": server, "started": started},
+        "workload": workload.model_dump(), "slo": slo.model_dump(), "options": options.model_dump(),
+        "client": {"kind": "llmopt asyncio client (aiohttp)", "aiohttp": _version("aiohttp"),
+                   "sent": wl.sent_fields(options, server, vocab)},
+        "points": points, "saturation": saturation, "out_dir": str(out_dir),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)), "duration_s": round(time.time() - began, 2),
+    }
+    report.write_all(result, rows, out_dir, options.plots)
+    if not any(p["requests"]["ok"] for p in points):
+        first = next((e for p in points for e in p["errors"].items()), ("unknown", {"example": ""}))
+        raise StageFailed(f"no request succeeded ({first[0]}: {first[1]['example']})", where=url,
+                          fix=f"see {out_dir / 'requests.jsonl'}; a 400 names the argument the server refused")
+    return result
+
+
+def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, workload: Workload,
+              options: BenchOptions, say) -> dict:
+    """One load point, ``options.repeats`` times; its figures are the medians over the repeats."""
+    label = f"concurrency {value:g}" if kind == "concurrency" else f"{value:g} requests/s (Poisson)"
+    repeats = []
+    for repeat in range(options.repeats):
+        seed = options.seed + 1000 * index + repeat
+        bodies = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], requests, seed)
+        n_warm = max(options.warmup, int(value)) if options.warmup and kind == "concurrency" else options.warmup
+        warm = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], n_warm, seed + 500)
+        say(f"{label}: {requests} requests" + (f" (repeat {repeat + 1}/{options.repeats})" if options.repeats > 1 else ""))
+        got = client.run(ctx["url"], kind, value, bodies, warm, options.request_timeout_s, seed)
+        costs = metrics.client_costs(got["client_cpu_s"], got["client_wall_s"], got["loop_lag_s"])
+        repeats.append(metrics.summarize(got["records"], ctx["slo"], costs))
+        origin = min((r.start for r in got["records"]), default=0.0)
+        ctx["rows"] += [{"point": index, "repeat": repeat, **r.to_dict(origin)} for r in got["warmup"] + got["records"]]
+    point = {"load": {"kind": kind, "value": value}, **metrics.median_of(repeats)}
+    if options.repeats > 1:
+        point["repeats"] = repeats
+    say(f"  {point['requests']['ok']}/{point['requests']['sent']} ok, {point['request_throughput']:.2f} req/s, "
+        f"{point['output_throughput']:.1f} output tok/s" + (f", TTFT p99 {point['ttft_ms']['p99']:.1f} ms"
+                                                            if point["ttft_ms"] else ""))
+    return point
+
+
+def sweep(ctx: dict, points: list[dict], workload: Workload, options: BenchOptions, say) -> dict:
+    """Concurrency 1, 2, 4, ... until saturation; appends its points; returns why it stopped."""
+    concurrency, best, reason = 1, None, f"reached max_concurrency {options.max_concurrency}"
+    while concurrency <= options.max_concurrency:
+        point = run_point(ctx, len(points), "concurrency", float(concurrency), max(options.requests, 2 * concurrency),
+                          workload, options, say)
+        points.append(point)
+        sent = point["requests"]["sent"]
+        if sent and point["requests"]["failed"] / sent > SWEEP_MAX_ERROR:
+            reason = f"more than {SWEEP_MAX_ERROR:.0%} of the requests failed at concurrency {concurrency}"
+            break
+        if best is not None and point["request_throughput"] < SWEEP_GROWTH * best["request_throughput"]:
+            reason = (f"request throughput grew less than {SWEEP_GROWTH - 1:.0%} from concurrency "
+                      f"{best['load']['value']:g} to {concurrency}")
+            best = max(best, point, key=lambda p: p["request_throughput"])
+            break
+        best = point if best is None or point["request_throughput"] >= best["request_throughput"] else best
+        concurrency *= 2
+    return {"reason": reason, "best_concurrency": best["load"]["value"] if best else None}
+
+
+def _version(dist: str) -> str | None:
+    from llmopt.libraries import package_version
+
+    return package_version(dist)
+
+
+def recorded_settings(target: str | Path) -> dict:
+    """The workload, SLO and [bench] settings an artifact's manifest records ({} for a URL or a model folder)."""
+    manifest = Path(target) / "manifest.json" if not is_url(target) else None
+    if manifest is None or not manifest.is_file():
+        return {}
+    recipe = (json.loads(manifest.read_text()).get("recipe") or {}).get("resolved") or {}
+    serve, section = recipe.get("serve") or {}, recipe.get("bench") or {}
+    return {"workload": serve.get("workload") or {}, "slo": serve.get("slo") or {},
+            "options": {k: section[k] for k in ("requests", "warmup", "repeats") if k in section}}
+
+
+def default_out_dir(target: str | Path) -> Path:
+    """bench/<target name>-<UTC time> under the current folder."""
+    import re
+
+    name = re.sub(r"^https?://", "", str(target)).rstrip("/") if is_url(target) else Path(target).resolve().name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "server"
+    return Path("bench") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"

@@ -1,0 +1,93 @@
+"""Request bodies of fixed input and output lengths, in the dialect the server accepts.
+
+Prompts: with /v1/completions and a known vocabulary, random token ids (exactly
+``input_len`` tokens, no tokenizer needed, a different prompt per request so that no
+prefix cache helps); otherwise text of ``input_len`` common English words, which BPE
+tokenizers mostly encode as one token each (the server's usage figure is what the
+results report).
+
+What is sent: ``model``, the prompt, ``max_tokens``, ``temperature: 0``, ``stream: true``
+and ``stream_options: {include_usage: true}``, which every OpenAI-compatible server
+accepts, including ``llmopt serve`` (strict: it answers 400 to an argument it does not
+know). Servers that accept it (vLLM, SGLang, TensorRT-LLM, told apart by ``owned_by`` in
+GET /v1/models) also get ``ignore_eos: true``, so every answer is ``output_len`` tokens
+long. Once ``llmopt serve`` accepts them, it would get ``ignore_eos``, ``min_tokens`` and
+``stream_options.continuous_usage_stats`` (tokens per chunk) too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from llmopt.bench.options import BenchOptions, Workload
+
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were her she there one all we their been has when who will more no if out so said what up its "
+         "about into than them can only other new some could time these two may then do first any my now such like "
+         "our over man me even most made after also did many before must through back years where much your way well "
+         "down should because each just those people how too little state good very make world still own see men work "
+         "long get here between both life being under never day same another know while last might us great old year "
+         "off come since against go came right used take three").split()
+IGNORE_EOS_SERVERS = ("vllm", "sglang", "tensorrt", "trtllm")
+
+
+def server_kind(models: dict) -> str:
+    """Who answers, from GET /v1/models: llmopt, vllm, sglang, trtllm, or unknown."""
+    owners = " ".join(str(m.get("owned_by", "")) for m in models.get("data") or []).lower()
+    for kind, marks in (("llmopt", ("llmopt",)), ("vllm", ("vllm",)), ("sglang", ("sglang",)),
+                        ("trtllm", ("tensorrt", "trtllm"))):
+        if any(mark in owners for mark in marks):
+            return kind
+    return "unknown"
+
+
+def vocab_size(model_dir: Path | None) -> int | None:
+    """The vocabulary size from a model folder's config.json (text config of a multimodal model)."""
+    if model_dir is None or not (Path(model_dir) / "config.json").is_file():
+        return None
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if size else None
+
+
+def token_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    """Token ids away from both ends of the vocabulary, where special tokens usually sit."""
+    low, high = max(3, vocab // 64), max(4, int(vocab * 0.9))
+    return [rng.randrange(low, high) for _ in range(n)]
+
+
+def text_prompt(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def bodies(workload: Workload, options: BenchOptions, model: str, server: str, vocab: int | None, n: int,
+           seed: int) -> list[bytes]:
+    """``n`` encoded request bodies; ``seed`` makes them repeatable (and distinct between points)."""
+    rng = random.Random(seed)
+    ignore_eos = options.ignore_eos if options.ignore_eos is not None else server in IGNORE_EOS_SERVERS
+    out = []
+    for _ in range(n):
+        body: dict = {"model": model, "max_tokens": workload.output_len, "temperature": 0.0, "stream": True,
+                      "stream_options": {"include_usage": True}}
+        if options.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": text_prompt(rng, workload.input_len)}]
+        elif vocab:
+            body["prompt"] = token_prompt(rng, workload.input_len, vocab)
+        else:
+            body["prompt"] = text_prompt(rng, workload.input_len)
+        if ignore_eos:
+            body["ignore_eos"] = True
+        out.append(json.dumps(body).encode())
+    return out
+
+
+def sent_fields(options: BenchOptions, server: str, vocab: int | None) -> dict:
+    """What the requests carry, for the results."""
+    ignore_eos = options.ignore_eos if options.ignore_eos is not None else server in IGNORE_EOS_SERVERS
+    prompt = "chat messages (text)" if options.endpoint == "chat" else ("token ids" if vocab else "text")
+    fields = ["model", "prompt" if options.endpoint == "completions" else "messages", "max_tokens", "temperature",
+              "stream", "stream_options.include_usage"] + (["ignore_eos"] if ignore_eos else [])
+    return {"endpoint": f"/v1/{'chat/completions' if options.endpoint == 'chat' else 'completions'}",
+            "prompt": prompt, "vocab_size": vocab, "fields": fields, "ignore_eos": ignore_eos}

@@ -1,0 +1,122 @@
+"""Fidelity of llmopt bench's timings: every reported figure within 2% (or 1 ms) of the truth.
+
+The test server (tests/test_bench_fakeserver.py, its own process) injects known delays, 30 to
+150 ms before the first token and 10 to 40 ms between tokens with a 3x stall every 5th gap, and
+records when it actually wrote each chunk. The truth of each request is the server's own
+record: TTFT from reading the body to writing the first token, end-to-end to writing [DONE],
+ITL every gap between two chunk writes, TPOT (end-to-end - TTFT) / (tokens - 1). The client's
+mean, p50, p90, p95 and p99 of each, at two concurrencies and one Poisson rate, must be within
+max(2% of the truth, 1 ms). The delays are tens of ms so that 2% is a bound that scheduling
+noise on a shared 2-core machine does not break, while a client that stamped late, lost chunks
+or averaged the gaps (as GuideLLM's ITL does, docs/benchmarks.md) would. The client's own CPU
+share is reported and must be far from a core: the client is not the bottleneck. Where the test
+may (as root), it runs the client and the server at a raised CPU priority, so that other work on
+the machine (a load average of 13 on 2 cores was seen) does not keep them from a core: the test
+measures the client, not the machine's queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from test_bench_fakeserver import Running
+
+from llmopt.bench import run_bench
+
+FIGURES = ("mean", "p50", "p90", "p95", "p99")
+N, N_OUT = 160, 8
+
+
+def truth_rows(records: dict[str, dict], ids: list[str]) -> dict[str, list[float]]:
+    out = {"ttft_ms": [], "tpot_ms": [], "itl_ms": [], "e2e_ms": []}
+    for rid in ids:
+        rec = records[rid]
+        ttft, e2e = (rec["sent"][0] - rec["arrived"]) * 1e3, (rec["done"] - rec["arrived"]) * 1e3
+        out["ttft_ms"].append(ttft)
+        out["e2e_ms"].append(e2e)
+        out["tpot_ms"].append((e2e - ttft) / (len(rec["sent"]) - 1))
+        out["itl_ms"] += [(b - a) * 1e3 for a, b in zip(rec["sent"], rec["sent"][1:])]
+    return out
+
+
+def figures(values: list[float]) -> dict[str, float]:
+    return {"mean": float(np.mean(values)), **{f"p{q}": float(np.percentile(values, q)) for q in (50, 90, 95, 99)}}
+
+
+@contextlib.contextmanager
+def favoured(niceness: int = -10):
+    """This process at a higher CPU priority while the block runs, where that is allowed (root): on a
+    machine shared with other work, a process that waits for a core stamps late, whatever its code."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except PermissionError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fidelity")
+    with favoured(), Running() as server:  # the server inherits the priority
+        result = run_bench(server.url, {"input_len": 8, "output_len": N_OUT}, {"ttft_p99_ms": 120, "tpot_p99_ms": 40},
+                           {"concurrency": [8, 16], "rate": [30], "requests": N, "warmup": 4, "vocab_size": 1000,
+                            "plots": False}, out)
+        truth = server.truth()
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    return result, rows, truth
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["concurrency-8", "concurrency-16", "poisson-30"])
+def test_percentiles_match_the_truth(measured, index):
+    result, rows, truth = measured
+    point = result["points"][index]
+    ids = [r["id"] for r in rows if r["point"] == index and not r["warmup"]]
+    assert point["requests"] == {"sent": N, "ok": N, "failed": 0} and len(ids) == N
+    expected = truth_rows(truth, ids)
+    problems = []
+    for metric, values in expected.items():
+        true = figures(values)
+        for name in FIGURES:
+            got, want = point[metric][name], true[name]
+            if abs(got - want) > max(0.02 * want, 1.0):
+                problems.append(f"{metric} {name}: measured {got:.2f} ms, truth {want:.2f} ms")
+    assert not problems, f"{point['load']}: " + "; ".join(problems)
+
+
+def test_goodput_counts_requests_within_every_bound(measured):
+    result, rows, truth = measured
+    for index, point in enumerate(result["points"]):
+        ids = [r["id"] for r in rows if r["point"] == index and not r["warmup"]]
+        t = truth_rows(truth, ids)
+        good = sum(a <= 120 and b <= 40 for a, b in zip(t["ttft_ms"], t["tpot_ms"]))
+        assert abs(point["goodput"]["requests"] - good) <= 2  # requests within 1 ms of a bound may land either side
+        assert point["goodput"]["requests_per_s"] == pytest.approx(point["goodput"]["requests"] / point["duration_s"],
+                                                                    rel=1e-3)
+
+
+def test_the_client_is_not_the_bottleneck(measured):
+    result, _, _ = measured
+    for point in result["points"]:
+        client = point["client"]
+        assert 0 < client["cpu_s"] and client["cpu_share_of_one_core"] < 0.5, client
+        assert client["loop_lag_ms"]["p50"] < 5, client
+
+
+def test_sent_fields_and_token_counts(measured):
+    result, _, truth = measured
+    assert result["client"]["sent"]["prompt"] == "token ids"
+    assert all(r["keys"] == ["max_tokens", "model", "prompt", "stream", "stream_options", "temperature"]
+               for r in truth.values())  # an unknown server gets no ignore_eos
+    point = result["points"][0]
+    assert point["output_tokens_mean"] == N_OUT and point["input_tokens_mean"] == 8
+    assert point["output_throughput"] == pytest.approx(N_OUT * point["request_throughput"], rel=1e-3)
