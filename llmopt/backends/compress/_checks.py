@@ -154,13 +154,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def group_overhead_bits(bits: int, group_size: int | None, scale_bits: int = 16, zero_bits: int = 0) -> float:
-    """Bits per weight including one scale (and zero point) per group."""
-    if not group_size:
-        return float(bits)
-    return bits + (scale_bits + zero_bits) / group_size
-
-
 def round_to(value: float, multiple: int) -> int:
     """``value`` rounded down to a multiple (at least one multiple)."""
     return max(multiple, int(math.floor(value / multiple)) * multiple)
