@@ -68,6 +68,7 @@ def assemble(plan: Plan, manifests: dict, log_path: Path) -> list[dict]:
         gates = evaluate_gates(plan, manifests)
         deploy = write_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
+        manifest["model_bytes"] = sum(p.stat().st_size for p in (tmp / "model").rglob("*") if p.is_file())
         reports.write_all(tmp / "reports", plan, manifests, gates)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
