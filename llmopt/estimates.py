@@ -46,6 +46,7 @@ class Stored:
     scale_bytes: float = 0  # per scale (0: no scales)
     zero_bits: float = 0  # per scale (0: symmetric)
     word_bytes: int = 1  # codes are packed into words of this size along a row
+    zero_word_bytes: int = 0  # zero points packed down the rows into words of this size (0: along a row, in bytes)
     tensor_bytes: int = 0  # once per weight: its shape, per-tensor scales
     column_bytes: float = 0  # per input column: g_idx, pre-quantization scales
     tensors: int = 1  # tensors written per weight (codes, scales, zero points, shape...)
@@ -64,7 +65,10 @@ class Stored:
         word_bits = 8 * self.word_bytes
         codes = rows * math.ceil(cols * self.bits / word_bits) * self.word_bytes
         groups = self.groups(cols)
-        zeros = rows * math.ceil(groups * self.zero_bits / 8)
+        if self.zero_word_bytes:
+            zeros = math.ceil(rows * self.zero_bits / (8 * self.zero_word_bytes)) * self.zero_word_bytes * groups
+        else:
+            zeros = rows * math.ceil(groups * self.zero_bits / 8)
         return int(codes + rows * groups * self.scale_bytes + zeros + self.tensor_bytes + cols * self.column_bytes)
 
 
@@ -110,7 +114,7 @@ def pack_quantized(bits: int, group: int | None, symmetric: bool, scale_dtype: s
     what = f"int{bits} packed in int32, {scale_dtype} scale{'' if symmetric else ' + zero point'} per " + \
         (f"{group} columns" if group else "row") + (", g_idx" if g_idx else "")
     return Stored(bits, group, DTYPE_BYTES.get(scale_dtype, 2), 0 if symmetric else bits, word_bytes=4,
-                  tensor_bytes=16, column_bytes=4 if g_idx else 0, tensors=3 + (not symmetric) + g_idx, what=what)
+                  zero_word_bytes=4, tensor_bytes=16, column_bytes=4 if g_idx else 0, tensors=3 + (not symmetric) + g_idx, what=what)
 
 
 def checkpoint_weights(qconfig: dict | None, dtype: str) -> Stored | None:
@@ -121,8 +125,8 @@ def checkpoint_weights(qconfig: dict | None, dtype: str) -> Stored | None:
     method = qconfig.get("quant_method")
     if method in ("gptq", "awq"):  # AutoGPTQ / AutoAWQ: int32 qweight and qzeros, fp16 scales, g_idx
         bits, group = int(qconfig.get("bits", 4)), qconfig.get("group_size") or None
-        return Stored(bits, group if group and group > 0 else None, 2, bits, word_bytes=4, column_bytes=4,
-                      tensors=4, what=f"{method} int{bits}, fp16 scale + zero point per {group} columns")
+        return Stored(bits, group if group and group > 0 else None, 2, bits, word_bytes=4, zero_word_bytes=4,
+                      column_bytes=4, tensors=4, what=f"{method} int{bits}, fp16 scale + zero point per {group} columns")
     groups = qconfig.get("config_groups") or {}
     weights = next((g.get("weights") for g in groups.values() if g.get("weights")), None)
     if method != "compressed-tensors" or not weights:

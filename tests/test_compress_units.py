@@ -176,7 +176,7 @@ def test_calibration_memory_warning(tmp_path, monkeypatch):
 def packed_int4(rows: int, cols: int, group: int, zero_points: bool = False) -> int:
     """compressed-tensors pack-quantized int4, by hand: int32 words of 8 codes, a bf16 scale per group,
     int32-packed 4-bit zero points, the int64 shape."""
-    zeros = rows * -(-(cols // group) * 4 // 8) if zero_points else 0
+    zeros = -(-rows // 8) * 4 * (cols // group) if zero_points else 0  # 8 per int32 word, down the rows
     return rows * cols // 2 + rows * (cols // group) * 2 + zeros + 16
 
 
@@ -193,7 +193,7 @@ def test_estimates_follow_what_gptq_writes(tmp_path):
     # asymmetric, and nothing ignored: zero points everywhere, and the tied head becomes a table of its own
     head = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\nignore = []\nsymmetric = false\n',
                    bf16)
-    zeros = 5 * (2 * 576 + 2 * 192 + 2 * 1536) + 12 * 576  # ceil(9 or 24 groups x 4 bits / 8) bytes per row
+    zeros = 4 * (9 * (2 * 72 + 2 * 24 + 2 * 192) + 24 * 72)  # int32 words of 8 rows, a word per group
     grown = 30 * (zeros + 7 * 104) + packed_int4(49152, 576, 64, zero_points=True) + 4 * 104
     assert head.estimates["weight_bytes_after"] - est["weight_bytes_after"] == grown
 

@@ -6,6 +6,7 @@ import pytest
 
 from llmopt import api, estimates
 from llmopt.backends.export import onnx_size
+from llmopt.backends.export.onnx import OnnxExportOptions as Options
 from llmopt.deploy import inputs
 
 from conftest import tiny_recipe, write_recipe
@@ -19,8 +20,11 @@ def plan(tmp_path, body: str):
 
 def test_packed_codes_round_up_to_whole_words():
     stored = estimates.pack_quantized(4, 64, symmetric=False, scale_dtype="bfloat16")
-    # 100 columns: 13 int32 words of codes, 2 groups of bf16 scales, 2 zero points of 4 bits in one byte, the shape
-    assert stored.nbytes(3, 100) == 3 * 13 * 4 + 3 * 2 * 2 + 3 * 1 + 16
+    # 100 columns: 13 int32 words of codes a row, 2 groups of bf16 scales, the 3 rows' zero points in one int32
+    # word per group, the shape
+    assert stored.nbytes(3, 100) == 3 * 13 * 4 + 3 * 2 * 2 + 2 * 4 + 16
+    nbits = onnx_size.nbits(Options(is_symmetric=False), "int4", "float32")  # MatMulNBits: zero points along a row
+    assert nbits.nbytes(3, 96) == 3 * 48 + 3 * 3 * 4 + 3 * 2
     assert estimates.float_stored("float32").nbytes(2, 5) == 40 and not estimates.float_stored("bfloat16").quantized
 
 
