@@ -24,6 +24,7 @@ from llmopt import estimates
 
 QUANTIZED = ("int4", "int8")
 IO_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+RESIDUAL_GRAPH_BYTES_PER_LAYER = 4_250  # the Q4_1 residual nodes of one layer (SmolLM2: a 391 KB graph, not 263 KB)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 
@@ -107,8 +108,11 @@ def layout(options, before: estimates.Layout, info, carried: dict | None, head: 
     rotary = 2 * (info.max_position or 4096) * (info.head_dim // 2) * estimates.DTYPE_BYTES[io]
     layers = info.num_layers
     files = {name: n for name, n in before.files.items() if name in TOKENIZER_FILES}
-    files |= {"genai_config.json": estimates.GENAI_CONFIG_BYTES,
-              "model.onnx": estimates.ONNX_GRAPH_BYTES + layers * estimates.ONNX_GRAPH_BYTES_PER_LAYER}
+    graph = estimates.ONNX_GRAPH_BYTES + layers * estimates.ONNX_GRAPH_BYTES_PER_LAYER
+    if carried is not None:
+        residual = carried["residual"]
+        graph += int(layers * RESIDUAL_GRAPH_BYTES_PER_LAYER * sum(residual.values()) / max(1, len(residual)))
+    files |= {"genai_config.json": estimates.GENAI_CONFIG_BYTES, "model.onnx": graph}
     notes = before.notes + (f"ONNX Runtime GenAI builder: float tensors in {io}",)
     return estimates.Layout("onnx", io, linears(options, before, info, io, carried), embedding, lm_head,
                             {"rotary cos/sin caches": rotary}, 2, files, 0, notes)
