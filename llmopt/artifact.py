@@ -50,6 +50,7 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         placed = place_tree(folder, tmp / "model", link=folder.resolve().is_relative_to(plan.cache.root.resolve()))
         deploy = place_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
+        manifest["model_bytes"] = sum(p.stat().st_size for p in (tmp / "model").rglob("*") if p.is_file())
         report = reports.write_all(tmp / "reports", plan, manifests, gates)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))

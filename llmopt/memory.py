@@ -52,7 +52,7 @@ MAX_PREFILL_CHUNK = 8192  # largest: more lengthens decode steps that share a ba
 MAX_NUM_SEQS_CAP = 1024  # no engine schedules more sequences per step usefully
 
 KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-                  "fp8_inc": 1, "nvfp4": 0.5625}  # nvfp4: 4 bits + one fp8 scale per 16 values
+                  "fp8_inc": 1, "bf16": 2, "nvfp4": 0.5625}  # nvfp4: 4 bits + one fp8 scale per 16 values
 
 
 @dataclass
@@ -138,7 +138,8 @@ def valid_tp_sizes(info: ModelInfo, limit: int) -> list[int]:
     return out
 
 
-def kv_bytes_per_token_per_gpu(info: ModelInfo, kv_bytes: float, tp: int, pp: int = 1) -> int:
+def kv_bytes_per_token_per_gpu(info: ModelInfo, kv_bytes: float, tp: int = 1, pp: int = 1) -> int:
+    """KV cache bytes of one token on one GPU (with tp = pp = 1: of the whole model)."""
     kv_heads = max(1, info.num_kv_heads // tp) if info.num_kv_heads >= tp else 1
     return int(2 * math.ceil(info.num_layers / pp) * kv_heads * info.head_dim * kv_bytes)
 
@@ -235,7 +236,7 @@ def _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weigh
         data_parallel_size=dp, expert_parallel_size=ep, gpu_memory_utilization=util, max_model_len=max_model_len,
         max_num_seqs=seqs, max_num_batched_tokens=batched, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_bytes_per_gpu=chosen["weight_bytes_per_gpu"], kv_dtype_bytes=kv_bytes,
-        kv_bytes_per_token=int(info.kv_bytes_per_token(kv_bytes)),
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(info, kv_bytes, 1),
         kv_bytes_per_token_per_gpu=chosen["kv_bytes_per_token_per_gpu"],
         overhead_bytes_per_gpu=chosen["overhead_bytes_per_gpu"], kv_budget_bytes_per_gpu=chosen["kv_budget_bytes_per_gpu"],
         kv_tokens=tokens, full_length_sequences=tokens // max_model_len, workload_sequences=tokens // seq_len,

@@ -1,7 +1,8 @@
 """Facts about a model read from its config.json (or a GGUF header), never its weights.
 
 The planner's checks and estimates use these: layer shapes for group-size checks,
-parameter counts for size estimates, attention shape for the KV-cache budget.
+parameter counts and shapes for size estimates, attention shape for the KV-cache budget
+(``llmopt.estimates``, ``llmopt.memory``).
 """
 
 from __future__ import annotations
@@ -93,10 +94,6 @@ class ModelInfo:
     def total_params(self) -> int:
         norms = (2 * self.num_layers + 1) * self.hidden_size
         return self.linear_params + self.embedding_params + norms
-
-    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2) -> float:
-        """2 (K and V) x layers x kv heads x head dim x bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -477,32 +477,37 @@ def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: 
 
 
 def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:
+    """Sizes from the size model (``estimates``): the source folder, the final model folder as its last
+    stage writes it, and the KV cache from the serving memory model (``memory``) when a GPU is named."""
     if info is None:
         return {"note": "model facts unknown; no estimates"}
+    from llmopt.deploy import inputs
+    from llmopt.errors import UsageError
+
     recipe = plan.recipe.recipe
-    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
-    bits = None
-    for stage in plan.stages:
-        if stage.kind == "compress" and hasattr(stage.impl, "bits_per_weight"):
-            bits = stage.impl.bits_per_weight(stage.options)
-    export = next((s for s in plan.stages if s.kind == "export"), None)
-    if bits is None and export is not None and hasattr(export.impl, "bits_per_weight"):
-        bits = export.impl.bits_per_weight(export.options)  # the export quantizes a float model itself
-    before = estimates.weight_bytes(info, dtype)
-    after = estimates.weight_bytes(info, dtype, bits)
+    pruned = any(hasattr(s.impl, "transform_info") for s in plan.stages if s.kind == "compress")
+    source_info = (model_facts(plan.recipe, []) or info) if pruned else info
+    layouts = estimates.stage_layouts(plan.recipe, info)
+    before = estimates.size(layouts[0][1], source_info)
+    after = estimates.size(layouts[-1][1], info)
     out: dict[str, Any] = {
         "parameters": info.total_params,
-        "weight_bytes_before": before,
-        "weight_bytes_after": after,
-        "artifact_bytes": after,
-        "compression_ratio": round(before / after, 2) if after else None,
+        "weight_bytes_before": before["weight_bytes"],
+        "weight_bytes_after": after["weight_bytes"],
+        "model_bytes_before": before["bytes"],
+        "artifact_bytes": after["bytes"],
+        "compression_ratio": round(before["bytes"] / after["bytes"], 2) if after["bytes"] else None,
+        "model_size": after,
     }
-    calibrating = [s for s in plan.stages if getattr(s.impl, "calibrates", False)]
-    if calibrating:
+    if any(getattr(s.impl, "calibrates", False) for s in plan.stages):
         cal = recipe.calibration
-        out["calibration_memory_bytes"] = estimates.calibration_bytes(info, dtype, cal.samples, cal.max_seq_len)
+        dtype = estimates.model_dtype(recipe, source_info)
+        out["calibration_memory_bytes"] = estimates.calibration_bytes(source_info, dtype, cal.samples, cal.max_seq_len)
     if plan.gpu is not None:
-        max_len = recipe.serve.max_model_len if recipe.serve else 4096
-        out["kv_cache"] = estimates.kv_budget(info, plan.gpu.memory_bytes, recipe.target.count, after, max_len)
+        try:
+            planned = inputs.estimated_memory(plan.recipe, info, plan.gpu, after["weight_bytes"]).to_dict()
+            out["kv_cache"] = {k: v for k, v in planned.items() if k != "tried"} | {"fits": True}
+        except UsageError as exc:
+            out["kv_cache"] = {"fits": False, "reason": exc.what, "fix": exc.fix}
     return out
 

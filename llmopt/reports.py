@@ -196,7 +196,8 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
         f"- export format: {recipe.export.format}",
         f"- calibration: {recipe.calibration.data}, {recipe.calibration.samples} x {recipe.calibration.max_seq_len} tokens"
         + (f" (sha256 `{manifest['calibration_sha256'][:16]}`)" if manifest.get("calibration_sha256") else ""),
-        f"- weights: {human_size(est.get('weight_bytes_before'))} -> {human_size(est.get('weight_bytes_after'))} (estimated)",
+        f"- model folder: {human_size(est.get('model_bytes_before'))} -> {human_size(est.get('artifact_bytes'))} estimated"
+        + (f", {human_size(manifest['model_bytes'])} written" if manifest.get("model_bytes") is not None else ""),
         f"- target: {plan.gpu.name if plan.gpu else 'CPU'}",
         f"- recipe sha256: `{plan.recipe.digest[:16]}`",
         "",

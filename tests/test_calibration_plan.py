@@ -144,7 +144,7 @@ def test_builtin_mix_fills_every_shipped_recipe_and_prose_falls_short():
 def test_the_demo_gguf_vocabulary_counts_like_transformers_conversion():
     from transformers import AutoTokenizer
 
-    from llmopt.backends.source.gguf import gguf_path
+    from llmopt.modelinfo import gguf_path
 
     path = gguf_path("builtin:smollm2-135m")
     reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -10,7 +10,6 @@ import pytest
 from llmopt import api, calibration
 from llmopt.backends.compress import _checks
 from llmopt.errors import StageFailed
-from llmopt.estimates import weight_bytes
 from llmopt.recipe.schema import CalibrationSection
 
 from conftest import write_recipe
@@ -174,14 +173,29 @@ def test_calibration_memory_warning(tmp_path, monkeypatch):
     assert not messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "fp8"\n'), "warning")  # no calibration
 
 
-def test_estimates_use_the_methods_bits(tmp_path):
-    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n')
-    gptq = plan.stage("compress.0.gptq").impl
-    assert gptq.bits_per_weight(plan.stage("compress.0.gptq").options) == 4 + 16 / 64
+def packed_int4(rows: int, cols: int, group: int, zero_points: bool = False) -> int:
+    """compressed-tensors pack-quantized int4, by hand: int32 words of 8 codes, a bf16 scale per group,
+    int32-packed 4-bit zero points, the int64 shape."""
+    zeros = -(-rows // 8) * 4 * (cols // group) if zero_points else 0  # 8 per int32 word, down the rows
+    return rows * cols // 2 + rows * (cols // group) * 2 + zeros + 16
+
+
+def test_estimates_follow_what_gptq_writes(tmp_path):
+    bf16 = 'dtype = "bfloat16"'
+    plan = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n', bf16)
     est = plan.estimates
-    assert est["weight_bytes_after"] == weight_bytes(plan.model, "bfloat16", 4.25)
+    layer = 2 * packed_int4(576, 576, 64) + 2 * packed_int4(192, 576, 64) + 3 * packed_int4(1536, 576, 64)
+    tensors = 30 * 7 * 3 + 1 + 61  # codes, scales, shape per linear; the tied embedding once; norms
+    assert est["weight_bytes_after"] == 30 * layer + 49152 * 576 * 2 + 61 * 576 * 2 + tensors * 104
+    assert est["model_size"]["stored"]["lm_head"].startswith("none of its own")  # ignored and tied: written once
     assert 2.2 < est["compression_ratio"] < 2.6  # the embeddings (37% of this model) stay bf16
     assert "calibration_memory_bytes" in est
+    # asymmetric, and nothing ignored: zero points everywhere, and the tied head becomes a table of its own
+    head = plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "gptq"\ngroup_size = 64\nignore = []\nsymmetric = false\n',
+                   bf16)
+    zeros = 4 * (9 * (2 * 72 + 2 * 24 + 2 * 192) + 24 * 72)  # int32 words of 8 rows, a word per group
+    grown = 30 * (zeros + 7 * 104) + packed_int4(49152, 576, 64, zero_points=True) + 4 * 104
+    assert head.estimates["weight_bytes_after"] - est["weight_bytes_after"] == grown
 
 
 def test_unknown_architecture_warns_for_quantizers_and_stops_pruning(tmp_path):

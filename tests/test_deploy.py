@@ -224,6 +224,9 @@ def test_every_shipped_serve_recipe_gets_deploy_configs(tmp_path, monkeypatch):
         assert manifest["deploy"]["engine"] == engine and manifest["deploy"]["command"] in (out / "README.md").read_text()
         assert (out / "deploy" / engine / "launch.sh").is_file()
         assert main(["verify", str(out)]) == 0
+        written = sum(p.stat().st_size for p in (out / "model").rglob("*") if p.is_file())
+        estimate = result.plan.estimates["artifact_bytes"]
+        assert abs(estimate / written - 1) < 0.05, f"{item['name']}: estimated {estimate:,} B, wrote {written:,} B"
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ import pytest
 from llmopt import memory
 from llmopt.catalog.gpus import get_gpu
 from llmopt.errors import UsageError
-from llmopt.estimates import weight_bytes
+from llmopt import estimates
+from llmopt.backends.compress import _llmcompressor as lc
+from llmopt.estimates import float_weight_bytes as weight_bytes
 from llmopt.modelinfo import from_config
 from llmopt.recipe.schema import Workload
 
@@ -34,9 +36,13 @@ def test_llama_8b_fp8_on_one_h100_at_8k():
     # FP8 W8A8: the 6,979,321,856 decoder-linear weights at 1 byte; embeddings, lm_head and norms
     # (1,050,939,392 parameters) stay bf16. Published FP8 checkpoints of this model are 9.08 GB.
     weights = 6_979_321_856 * 1 + 1_050_939_392 * 2
-    assert weights == weight_bytes(info, "bfloat16", 8) == 9_081_200_640
-    assert info.kv_bytes_per_token(2) == 2 * 32 * 8 * 128 * 2 == 131072
-    assert info.kv_bytes_per_token(1) == 65536
+    assert weights == 9_081_200_640
+    # the size model of that checkpoint adds a bf16 scale per output row and the safetensors header
+    fp8 = estimates.float_layout("bfloat16", tied=False).with_linears(lc.fp8_weights("bfloat16", per_row=True))
+    written = estimates.size(fp8, info)
+    assert written["weight_bytes"] == weights + 32 * 43008 * 2 + (2 + 32 * (2 * 7 + 2) + 1) * 104
+    assert memory.kv_bytes_per_token_per_gpu(info, 2) == 2 * 32 * 8 * 128 * 2 == 131072
+    assert memory.kv_bytes_per_token_per_gpu(info, 1) == 65536
     # concurrency 64, prompts of 1024 -> prefill chunk 2048 tokens:
     # activations 2048 x 2 B x (2 x 4096 + 3 x 14336) + logits 64 x 128256 x 4 B
     overhead = FIXED_1GPU + 2048 * 2 * (2 * 4096 + 3 * 14336) + 64 * 128256 * 4
@@ -104,7 +110,7 @@ def test_published_kv_cache_sizes():
     # section "Inference Memory Requirements": KV cache in FP16 for 1k / 16k / 128k tokens:
     # 8B 0.125 / 1.95 / 15.62 GB, 70B 0.313 / 4.88 / 39.06 GB (GiB, with 16k = 16,000 and 128k = 128,000).
     for config, published in ((LLAMA_8B, (0.125, 1.95, 15.62)), (LLAMA_70B, (0.313, 4.88, 39.06))):
-        per_token = from_config(config).kv_bytes_per_token(2)
+        per_token = memory.kv_bytes_per_token_per_gpu(from_config(config), 2)
         ours = [per_token * n / GIB for n in (1024, 16_000, 128_000)]
         assert ours == pytest.approx(published, abs=0.01)
 

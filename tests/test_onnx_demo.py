@@ -110,6 +110,8 @@ def test_gguf_blocks_reach_onnx_exactly_and_keep_the_perplexity(tmp_path, demo_c
         result = api.run(write_recipe(tmp_path / name, body), cache_dir=demo_cache, output_dir=tmp_path / name / "out")
         metrics = json.loads((result.artifact / "manifest.json").read_text())["metrics"]
         export = next(r for r in result.records if r.name == "export.onnx").outputs
+        model = result.artifact / "model"  # the plan's size model: blocks, Q4_1 residuals, int8 head, float32 embedding
+        assert result.plan.estimates["weight_bytes_after"] == (model / "model.onnx.data").stat().st_size
         return export, metrics["eval.prose.baseline"]["value"], metrics["eval.prose.candidate"]["value"]
 
     export, baseline, kept = run("gguf-keep", "keep")

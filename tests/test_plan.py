@@ -8,9 +8,11 @@ import pytest
 
 from llmopt import api
 from llmopt.catalog.gpus import CATALOG, find_gpu, get_gpu
+from llmopt import memory
 from llmopt.errors import RecipeError, UsageError
-from llmopt.estimates import kv_budget, weight_bytes
+from llmopt.estimates import float_weight_bytes
 from llmopt.modelinfo import from_config
+from llmopt.recipe.schema import Workload
 
 from conftest import tiny_recipe, write_recipe
 
@@ -24,19 +26,8 @@ LLAMA_8B = {
 def test_llama_8b_facts_and_estimates():
     info = from_config(LLAMA_8B)
     assert info.total_params == 8_030_261_248  # Llama-3.1-8B's published parameter count
-    assert info.kv_bytes_per_token(2) == 2 * 32 * 8 * 128 * 2 == 131072
-    assert weight_bytes(info, "bfloat16") == 2 * info.total_params
-
-
-def test_kv_budget_hand_computed():
-    info = from_config(LLAMA_8B)
-    h100 = get_gpu("H100-SXM-80GB")
-    weights = weight_bytes(info, "bfloat16")
-    budget = kv_budget(info, h100.memory_bytes, 1, weights, 8192, utilization=0.9, overhead_bytes=2 * 2**30)
-    expected = int((h100.memory_bytes * 0.9 - weights - 2 * 2**30) // 131072)
-    assert budget["kv_tokens"] == expected
-    assert budget["full_length_sequences"] == expected // 8192
-    assert 50 <= budget["full_length_sequences"] <= 58  # ~54 GiB of KV at 128 KiB per token
+    assert memory.kv_bytes_per_token_per_gpu(info, 2) == 2 * 32 * 8 * 128 * 2 == 131072
+    assert float_weight_bytes(info, "bfloat16") == 2 * info.total_params
 
 
 def test_plan_reads_config_only(tmp_path):
@@ -49,7 +40,13 @@ def test_plan_reads_config_only(tmp_path):
     plan = api.plan(recipe)
     assert plan.model.hidden_size == 4096
     assert plan.estimates["parameters"] == 8_030_261_248
-    assert plan.estimates["kv_cache"]["kv_bytes_per_token"] == 131072
+    kv = plan.estimates["kv_cache"]
+    assert kv["kv_bytes_per_token"] == 131072 and kv["fits"]
+    # the plan's KV budget is the serving memory model's, for the weights the size model estimates
+    weights = plan.estimates["weight_bytes_after"]
+    assert weights == float_weight_bytes(plan.model, "bfloat16") + (2 + 32 * 9 + 1) * 104  # + safetensors header
+    expected = memory.plan_memory(plan.model, get_gpu("H100"), 1, 4096, Workload(), weight_bytes=weights)
+    assert kv["kv_tokens"] == expected.kv_tokens and kv["full_length_sequences"] == expected.kv_tokens // 4096
 
 
 def test_cache_keys_are_stable_and_track_inputs(tiny_model, tmp_path):

@@ -24,6 +24,9 @@ def test_quickstart_runs_end_to_end(tmp_path):
     assert export["verify"]["status"] == "passed"  # MatMulNBits ran on the CPU EP, nothing fell back
     assert (out / "model" / "model.onnx").is_file() and (out / "model" / "genai_config.json").is_file()
     assert (out / "deploy" / "ort" / "launch.sh").is_file()
+    written = sum(p.stat().st_size for p in (out / "model").rglob("*") if p.is_file())
+    assert manifest["model_bytes"] == written  # about 212 MB: int4 linears, int8 head, float32 embedding
+    assert abs(manifest["estimates"]["artifact_bytes"] / written - 1) < 0.05  # the plan's size model
     gates = {g["name"]: g for g in manifest["gates"]}
     assert 5 < gates["prose"]["baseline"] < 100  # a real language model on English prose
     assert gates["prose"]["candidate"] > gates["prose"]["baseline"]  # 4 bits cost something; never free

@@ -55,12 +55,15 @@ def _show(console, the_plan) -> None:
     if the_plan.model is None:
         console.print("[yellow]model facts unknown[/]: no size, memory or KV-cache estimates (see model.source above)")
     if "weight_bytes_before" in est:
-        console.print(f"weights: {human_size(est['weight_bytes_before'])} -> {human_size(est['weight_bytes_after'])} "
-                      f"({est['parameters'] / 1e6:.0f}M parameters)")
+        console.print(f"model folder: {human_size(est['model_bytes_before'])} -> {human_size(est['artifact_bytes'])} "
+                      f"(weights {human_size(est['weight_bytes_before'])} -> {human_size(est['weight_bytes_after'])}; "
+                      f"{est['parameters'] / 1e6:.0f}M parameters)")
     if "calibration_memory_bytes" in est:
         console.print(f"calibration memory: ~{human_size(est['calibration_memory_bytes'])}")
     kv = est.get("kv_cache")
-    if kv:
+    if kv and not kv.get("fits"):
+        console.print(f"KV cache on {the_plan.gpu.name}: does not fit ({kv['reason']})")
+    elif kv:
         console.print(f"KV cache on {the_plan.gpu.name}: {kv['kv_tokens']:,} tokens "
                       f"({kv['full_length_sequences']} sequences at full length)")
     console.print(f"artifact: {the_plan.output_dir}")

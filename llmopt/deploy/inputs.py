@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt import estimates, memory, registry
+from llmopt import estimates, memory
 from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder
 
@@ -23,15 +23,29 @@ def model_dtype(recipe, info: ModelInfo | None, gpu=None) -> str:
 
 
 def estimated_weight_bytes(loaded, info: ModelInfo) -> int:
-    """The plan's estimate: the source dtype, with the last quantizing step's bits on the linears."""
+    """The size model's weight bytes of the recipe's last model folder (``estimates.model_size``): what the
+    engine loads, codes, scales and unquantized tensors as each step writes them."""
+    return estimates.model_size(loaded, info)["weight_bytes"]
+
+
+def estimated_memory(loaded, info: ModelInfo, gpu, weight_bytes: int) -> memory.MemoryPlan:
+    """The memory model for the recipe's [serve] section (its engine options where it has them: KV cache
+    dtype, CUDA graphs, parallel sizes), or for the default context and workload without one; raises
+    UsageError when not even one sequence fits."""
+    from llmopt.recipe.schema import Workload
+
     recipe = loaded.recipe
-    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
-    bits = None
-    for index, step in enumerate(recipe.compress):
-        impl = registry.get("compress", step.method)()
-        if hasattr(impl, "bits_per_weight"):
-            bits = impl.bits_per_weight(loaded.options_for("compress", index)) or bits
-    return estimates.weight_bytes(info, dtype, bits)
+    serve = recipe.serve
+    options = loaded.options_for("serve", None) if serve is not None else None
+    kv_name = getattr(options, "kv_cache_dtype", "auto")
+    kv = memory.kv_dtype_bytes(kv_name if kv_name in memory.KV_DTYPE_BYTES else "auto", info,
+                               model_dtype(recipe, info, gpu))
+    eager = bool(getattr(options, "enforce_eager", False)) or not getattr(options, "cuda_graphs", True)
+    if options is not None and hasattr(options, "tensor_parallel_size"):
+        return memory_plan(serve, recipe.target, info, gpu, options, weight_bytes, "estimate", kv, eager=eager)
+    max_len, workload = (serve.max_model_len, serve.workload) if serve is not None else (4096, Workload())
+    return memory.plan_memory(info, gpu, recipe.target.count, max_len, workload, weight_bytes=weight_bytes,
+                              kv_bytes=kv, eager=eager)
 
 
 def read_config(model_dir: Path) -> dict:

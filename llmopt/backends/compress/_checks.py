@@ -177,11 +177,6 @@ def quantizer(ctx, name: str, calibrates: bool) -> list[Problem]:
     return problems
 
 
-def group_overhead_bits(bits: int, group_size: int | None, scale_bits: int = 16, zero_bits: int = 0) -> float:
-    """Bits per weight including one scale (and zero point) per group."""
-    if not group_size:
-        return float(bits)
-    return bits + (scale_bits + zero_bits) / group_size
 
 
 def round_to(value: float, multiple: int) -> int:

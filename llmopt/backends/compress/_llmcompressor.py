@@ -19,9 +19,10 @@ from typing import Callable, Literal
 
 from pydantic import Field
 
-from llmopt import calibration
+from llmopt import calibration, estimates
 from llmopt.libraries import require
-from llmopt.backends.compress._common import copy_tokenizer_files, cpu_threads, folder_bytes
+from llmopt.backends.compress._checks import ignored
+from llmopt.backends.compress._common import TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
 
 REQUIRES = ("llmcompressor", "compressed-tensors", "torch", "transformers")
@@ -201,3 +202,60 @@ def kv_cache_scheme(kind: str):
     if kind == "none":
         return None
     return scheme_args(8, "float", "tensor", None, True)
+
+
+# what a save adds to the folder: config.json's quantization_config, and llm-compressor's recipe.yaml
+QUANTIZATION_CONFIG_BYTES = 1000
+RECIPE_YAML_BYTES = 750
+
+
+def load_dtype(before: estimates.Layout, ctx) -> str:
+    """The dtype unquantized tensors are saved in: the recipe's, or for auto the incoming folder's."""
+    dtype = ctx.recipe.recipe.model.dtype
+    return dtype if dtype != "auto" else before.dtype
+
+
+def ignores_lm_head(ignore: list[str]) -> bool:
+    return any(entry == "lm_head" or entry.endswith(".lm_head") or (entry.startswith("re:") and "lm_head" in entry)
+               for entry in ignore)
+
+
+def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str], ctx,
+           kv_cache: str = "none") -> estimates.Layout:
+    """The compressed-tensors checkpoint ``oneshot`` saves: the linears ``ignore`` does not name as ``weights``,
+    every other tensor in the load dtype (a tied head once, unless it is quantized), FP8 K/V scales per layer."""
+    dtype = load_dtype(before, ctx)
+    plain = estimates.float_stored(dtype)
+    linears = {kind: plain if ignored(kind, ignore) else weights for kind in estimates.LINEARS}
+    head = None if ctx.model.tie_embeddings else plain
+    if not ignores_lm_head(ignore):
+        head = weights
+    files = {name: n for name, n in before.files.items() if name in TOKENIZER_FILES + ("config.json",)}
+    files["config.json"] = files.get("config.json", 0) + QUANTIZATION_CONFIG_BYTES
+    files["recipe.yaml"] = RECIPE_YAML_BYTES
+    layers = ctx.model.num_layers
+    extra = {"kv cache scales": 2 * layers * plain.nbytes(1, 1)} if kv_cache != "none" else {}
+    return estimates.Layout("safetensors", dtype, linears, plain, head, extra, 2 * layers if extra else 0, files,
+                            estimates.SAFETENSORS_TENSOR_BYTES, before.notes)
+
+
+def int8_weights(dtype: str) -> estimates.Stored:
+    """compressed-tensors ``int-quantized`` (W8A8): int8 codes and a scale per output row."""
+    return estimates.Stored(8, None, estimates.DTYPE_BYTES.get(dtype, 2), tensors=2,
+                            what=f"int8, {dtype} scale per row")
+
+
+def fp8_weights(dtype: str, per_row: bool) -> estimates.Stored:
+    """compressed-tensors ``float-quantized``: FP8 codes and a scale per output row (dynamic activations)
+    or one weight scale and one input scale per tensor (static activations)."""
+    scale = estimates.DTYPE_BYTES.get(dtype, 2)
+    if per_row:
+        return estimates.Stored(8, None, scale, tensors=2, what=f"fp8, {dtype} scale per row")
+    return estimates.Stored(8, tensor_bytes=2 * scale, tensors=3, what=f"fp8, {dtype} weight and input scale per tensor")
+
+
+def nvfp4_weights(activations: bool) -> estimates.Stored:
+    """compressed-tensors ``nvfp4-pack-quantized``: E2M1 codes two to a byte, an FP8 scale per 16 columns, an
+    FP32 global scale per tensor (and the activations' global scale when they are quantized too)."""
+    return estimates.Stored(4, 16, 1, tensor_bytes=8 if activations else 4, tensors=4 if activations else 3,
+                            what="fp4 (E2M1), fp8 scale per 16 columns, fp32 global scale")

@@ -31,7 +31,7 @@ from typing import Callable
 
 from llmopt import calibration
 from llmopt.libraries import require
-from llmopt.backends.compress._common import copy_tokenizer_files, cpu_threads, folder_bytes
+from llmopt.backends.compress._common import TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
 
 REQUIRES = ("nvidia-modelopt", "torch", "transformers")
@@ -152,3 +152,32 @@ def summary(model_dir: Path) -> dict:
 def cuda_present() -> bool:
     """Whether this machine has an NVIDIA driver (a plan-time probe, without importing torch)."""
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+# what the unified export adds beside the weights: config.json's quantization_config, hf_quant_config.json
+QUANT_CONFIG_BYTES = 1000
+
+
+def layout(before, weights, ctx, kv_cache: str = "none"):
+    """The unified Hugging Face checkpoint: the decoder linears as ``weights``, the LM head (excluded from
+    quantization), embedding and norms in bfloat16, FP32 K/V scales per layer with an FP8 KV cache."""
+    from llmopt import estimates
+
+    plain = estimates.float_stored("bfloat16")
+    head = None if ctx.model.tie_embeddings else plain
+    files = {name: n for name, n in before.files.items() if name in TOKENIZER_FILES + ("config.json",)}
+    files["config.json"] = files.get("config.json", 0) + QUANT_CONFIG_BYTES
+    files["hf_quant_config.json"] = QUANT_CONFIG_BYTES
+    layers = ctx.model.num_layers
+    extra = {"kv cache scales": 2 * layers * 4} if kv_cache != "none" else {}
+    return estimates.Layout("safetensors", "bfloat16", {kind: weights for kind in estimates.LINEARS}, plain, head,
+                            extra, 2 * layers if extra else 0, files, estimates.SAFETENSORS_TENSOR_BYTES, before.notes)
+
+
+def stored(bits: int, group: int | None, scale_bytes: float, per_tensor: int, per_column: float, tensors: int,
+           what: str):
+    """One quantized linear of the unified checkpoint (codes of ``bits`` two to a byte for 4 bits)."""
+    from llmopt import estimates
+
+    return estimates.Stored(bits, group, scale_bytes, tensor_bytes=per_tensor, column_bytes=per_column,
+                            tensors=tensors, what=what)

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
+from llmopt import estimates
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -50,8 +51,10 @@ class AWQ:
     def produces(self, options: AWQOptions) -> formats.Format:
         return formats.CT_W4A16
 
-    def bits_per_weight(self, options: AWQOptions) -> float:
-        return _checks.group_overhead_bits(4, options.group_size, 16, 0 if options.symmetric else 4)
+    def layout(self, options: AWQOptions, before, ctx: PlanContext):
+        """pack-quantized int4, a zero point per group unless symmetric."""
+        weights = estimates.pack_quantized(4, options.group_size, options.symmetric, lc.load_dtype(before, ctx))
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache)
 
     def check(self, options: AWQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "awq", calibrates=True)

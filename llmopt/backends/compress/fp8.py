@@ -36,8 +36,9 @@ class FP8Dynamic:
     def produces(self, options: FP8Options) -> formats.Format:
         return formats.CT_FP8
 
-    def bits_per_weight(self, options: FP8Options) -> float:
-        return 8.0
+    def layout(self, options: FP8Options, before, ctx: PlanContext):
+        """float-quantized FP8 with a scale per output row (FP8_DYNAMIC)."""
+        return lc.layout(before, lc.fp8_weights(lc.load_dtype(before, ctx), per_row=True), options.ignore, ctx)
 
     def check(self, options: FP8Options, ctx: PlanContext) -> list[Problem]:
         return _checks.quantizer(ctx, "fp8", calibrates=False) + _checks.gpu_compute(ctx, (8, 9), "FP8")

@@ -40,8 +40,10 @@ class FP8Static:
     def produces(self, options: FP8StaticOptions) -> formats.Format:
         return formats.CT_FP8
 
-    def bits_per_weight(self, options: FP8StaticOptions) -> float:
-        return 8.0
+    def layout(self, options: FP8StaticOptions, before, ctx: PlanContext):
+        """float-quantized FP8 with per-tensor weight and input scales (FP8)."""
+        return lc.layout(before, lc.fp8_weights(lc.load_dtype(before, ctx), per_row=False), options.ignore, ctx,
+                         options.kv_cache)
 
     def check(self, options: FP8StaticOptions, ctx: PlanContext) -> list[Problem]:
         return _checks.quantizer(ctx, "fp8_static", calibrates=True) + _checks.gpu_compute(ctx, (8, 9), "FP8")

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
+from llmopt import estimates
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -66,9 +67,15 @@ class GPTQ:
             return formats.CT_W8A16
         return formats.CT_W4A16_GIDX if options.actorder == "group" else formats.CT_W4A16
 
-    def bits_per_weight(self, options: GPTQOptions) -> float:
-        bits = 4 if options.scheme == "W4A16" else 8
-        return _checks.group_overhead_bits(bits, group_of(options), 16, 0 if options.symmetric else bits)
+    def layout(self, options: GPTQOptions, before, ctx: PlanContext):
+        """W4A16 / W8A16: pack-quantized (a g_idx with actorder = "group"); W8A8: int8 per row."""
+        dtype = lc.load_dtype(before, ctx)
+        if options.scheme == "W8A8":
+            weights = lc.int8_weights(dtype)
+        else:
+            weights = estimates.pack_quantized(4 if options.scheme == "W4A16" else 8, group_of(options),
+                                               options.symmetric, dtype, options.actorder == "group")
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache)
 
     def check(self, options: GPTQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "gptq", calibrates=True)

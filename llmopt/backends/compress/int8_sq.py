@@ -42,8 +42,9 @@ class Int8SmoothQuant:
     def produces(self, options: Int8SQOptions) -> formats.Format:
         return formats.CT_INT8
 
-    def bits_per_weight(self, options: Int8SQOptions) -> float:
-        return 8.0
+    def layout(self, options: Int8SQOptions, before, ctx: PlanContext):
+        """int-quantized int8 per row (the smoothing folds into the norms, which keep their size)."""
+        return lc.layout(before, lc.int8_weights(lc.load_dtype(before, ctx)), options.ignore, ctx, options.kv_cache)
 
     def check(self, options: Int8SQOptions, ctx: PlanContext) -> list[Problem]:
         return _checks.quantizer(ctx, "int8_sq", calibrates=True) + _checks.gpu_compute(ctx, (7, 5), "INT8")

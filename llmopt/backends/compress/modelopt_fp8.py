@@ -40,8 +40,10 @@ class ModelOptFP8:
     def produces(self, options: ModelOptFP8Options) -> formats.Format:
         return formats.MODELOPT_FP8
 
-    def bits_per_weight(self, options: ModelOptFP8Options) -> float:
-        return 8.0
+    def layout(self, options: ModelOptFP8Options, before, ctx: PlanContext):
+        """FP8 codes with an FP32 weight scale and input scale per tensor."""
+        weights = _modelopt.stored(8, None, 0, 8, 0, 3, "fp8, fp32 weight and input scale per tensor")
+        return _modelopt.layout(before, weights, ctx, options.kv_cache)
 
     def check(self, options: ModelOptFP8Options, ctx: PlanContext) -> list[Problem]:
         return _checks.quantizer(ctx, "modelopt_fp8", calibrates=True) + _checks.gpu_compute(ctx, (8, 9), "FP8")

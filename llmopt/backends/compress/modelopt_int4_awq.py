@@ -44,8 +44,11 @@ class ModelOptInt4AWQ:
     def produces(self, options: ModelOptInt4AWQOptions) -> formats.Format:
         return formats.MODELOPT_INT4_AWQ
 
-    def bits_per_weight(self, options: ModelOptInt4AWQOptions) -> float:
-        return _checks.group_overhead_bits(4, options.block_size, 16)
+    def layout(self, options: ModelOptInt4AWQOptions, before, ctx: PlanContext):
+        """int4 two to a byte, a bfloat16 scale per block, a bfloat16 pre-quantization scale per input column."""
+        weights = _modelopt.stored(4, options.block_size, 2, 0, 2, 3,
+                                   f"int4, bf16 scale per {options.block_size} columns, AWQ pre-quantization scales")
+        return _modelopt.layout(before, weights, ctx, options.kv_cache)
 
     def check(self, options: ModelOptInt4AWQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "modelopt_int4_awq", calibrates=True)

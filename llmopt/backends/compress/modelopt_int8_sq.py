@@ -42,8 +42,10 @@ class ModelOptInt8SQ:
     def produces(self, options: ModelOptInt8SQOptions) -> formats.Format:
         return formats.MODELOPT_INT8_SQ
 
-    def bits_per_weight(self, options: ModelOptInt8SQOptions) -> float:
-        return 8.0
+    def layout(self, options: ModelOptInt8SQOptions, before, ctx: PlanContext):
+        """int8 codes, a scale per output row, an input scale, a smoothing scale per input column."""
+        weights = _modelopt.stored(8, None, 4, 4, 2, 4, "int8, fp32 scale per row, smoothing scales")
+        return _modelopt.layout(before, weights, ctx, options.kv_cache)
 
     def check(self, options: ModelOptInt8SQOptions, ctx: PlanContext) -> list[Problem]:
         return _checks.quantizer(ctx, "modelopt_int8_sq", calibrates=True) + _checks.gpu_compute(ctx, (7, 5), "INT8")

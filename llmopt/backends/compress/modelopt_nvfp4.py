@@ -21,7 +21,7 @@ from pydantic import Field
 from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
-from llmopt.backends.compress.nvfp4 import NVFP4_BITS, NVFP4_GROUP
+from llmopt.backends.compress.nvfp4 import NVFP4_GROUP
 from llmopt.errors import Problem
 from llmopt.registry import register
 
@@ -42,8 +42,10 @@ class ModelOptNVFP4:
     def produces(self, options: ModelOptNVFP4Options) -> formats.Format:
         return formats.MODELOPT_NVFP4
 
-    def bits_per_weight(self, options: ModelOptNVFP4Options) -> float:
-        return NVFP4_BITS
+    def layout(self, options: ModelOptNVFP4Options, before, ctx: PlanContext):
+        """E2M1 two to a byte, an FP8 scale per 16 columns, FP32 global weight and input scales."""
+        weights = _modelopt.stored(4, NVFP4_GROUP, 1, 8, 0, 4, "fp4 (E2M1), fp8 scale per 16 columns, fp32 global scales")
+        return _modelopt.layout(before, weights, ctx, options.kv_cache)
 
     def check(self, options: ModelOptNVFP4Options, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "modelopt_nvfp4", calibrates=True)

@@ -21,7 +21,6 @@ from llmopt.errors import Problem
 from llmopt.registry import register
 
 NVFP4_GROUP = 16
-NVFP4_BITS = 4 + 8 / NVFP4_GROUP  # E2M1 values + one FP8 scale per 16
 
 
 class NVFP4Options(Options):
@@ -42,8 +41,9 @@ class NVFP4:
     def produces(self, options: NVFP4Options) -> formats.Format:
         return formats.CT_NVFP4
 
-    def bits_per_weight(self, options: NVFP4Options) -> float:
-        return NVFP4_BITS
+    def layout(self, options: NVFP4Options, before, ctx: PlanContext):
+        """nvfp4-pack-quantized, with the activations' global scales."""
+        return lc.layout(before, lc.nvfp4_weights(activations=True), options.ignore, ctx, options.kv_cache)
 
     def check(self, options: NVFP4Options, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "nvfp4", calibrates=True) + _checks.gpu_compute(ctx, (10, 0), "NVFP4")

@@ -13,7 +13,7 @@ from pydantic import Field
 from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
-from llmopt.backends.compress.nvfp4 import NVFP4_BITS, NVFP4_GROUP
+from llmopt.backends.compress.nvfp4 import NVFP4_GROUP
 from llmopt.errors import Problem
 from llmopt.registry import register
 
@@ -34,8 +34,9 @@ class NVFP4A16:
     def produces(self, options: NVFP4A16Options) -> formats.Format:
         return formats.CT_NVFP4A16
 
-    def bits_per_weight(self, options: NVFP4A16Options) -> float:
-        return NVFP4_BITS
+    def layout(self, options: NVFP4A16Options, before, ctx: PlanContext):
+        """nvfp4-pack-quantized weights only."""
+        return lc.layout(before, lc.nvfp4_weights(activations=False), options.ignore, ctx)
 
     def check(self, options: NVFP4A16Options, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "nvfp4a16", calibrates=False)

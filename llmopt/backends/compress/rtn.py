@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from llmopt import formats
+from llmopt import estimates
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
@@ -41,8 +42,10 @@ class RTN:
         """4- and 8-bit weights are the widths engines document; other widths are their own format."""
         return {4: formats.CT_W4A16, 8: formats.CT_W8A16}.get(options.bits, formats.CT_WNA16)
 
-    def bits_per_weight(self, options: RTNOptions) -> float:
-        return _checks.group_overhead_bits(options.bits, options.group_size, 16, 0 if options.symmetric else options.bits)
+    def layout(self, options: RTNOptions, before, ctx: PlanContext):
+        """pack-quantized ``bits``-bit integers."""
+        weights = estimates.pack_quantized(options.bits, options.group_size, options.symmetric, lc.load_dtype(before, ctx))
+        return lc.layout(before, weights, options.ignore, ctx)
 
     def check(self, options: RTNOptions, ctx: PlanContext) -> list[Problem]:
         return _checks.quantizer(ctx, "rtn", calibrates=False) + _checks.group_size(ctx, options.group_size, options.ignore)

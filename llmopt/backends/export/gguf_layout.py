@@ -84,6 +84,27 @@ def problem(path: Path) -> str | None:
     return None
 
 
+GGML_FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
+GGML_Q4_1 = 3
+
+
+def carried_blocks(path: Path) -> dict:
+    """What carrying this file's blocks writes, from its header: per Hugging Face linear kind the share
+    of layers stored as Q4_1 (each adds a residual table), and the LM head's precision (int8 unless the
+    head, or the tied embedding it computes with, is a float tensor)."""
+    from llmopt.modelinfo import read_gguf_header
+
+    _, types = read_gguf_header(path, types=True)
+    counts: dict[str, list[int]] = {}
+    for name, kind in types.items():
+        if is_layer_linear(name):
+            linear = LAYER_LINEARS[name.split(".")[2]].split(".")[-1]
+            counts.setdefault(linear, []).append(kind == GGML_Q4_1)
+    head = types.get("output.weight", types.get("token_embd.weight"))
+    return {"residual": {kind: sum(flags) / len(flags) for kind, flags in counts.items()},
+            "lm_head": "float" if head in GGML_FLOAT_TYPES else "int8"}
+
+
 def q4_blocks(kind: str, raw: np.ndarray, rows: int, cols: int):
     """(codes uint8 [rows, cols], d float32 [rows, cols/32], m float32 [rows, cols/32] or None) of a
     Q4_0 / Q4_1 tensor. A block is fp16 d (and fp16 m for Q4_1), then 16 bytes: byte j holds

@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
-from llmopt.backends.export import gguf_layout, gptq_layout, onnx_verify
+from llmopt.backends.export import gguf_layout, gptq_layout, onnx_size, onnx_verify
 from llmopt.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
@@ -145,13 +145,20 @@ class OnnxExport:
             rules |= {fmt: kept for fmt in (formats.CT_W4A16, *CUDA_ONLY) if rules[fmt].status == "yes"}
         return rules
 
-    def bits_per_weight(self, options: OnnxExportOptions) -> float | None:
-        """Decoder-linear bits when the builder quantizes: codes plus one float32 scale (and a 4-bit
-        zero point when asymmetric) per block; None for float precisions."""
-        if options.precision not in QUANTIZED:
-            return None
-        bits = 4 if options.precision == "int4" else 8
-        return bits + (32 + (0 if options.is_symmetric else bits)) / options.block_size
+    def layout(self, options: OnnxExportOptions, before, ctx: PlanContext):
+        """What the builder writes for these options and this input (``onnx_size``)."""
+        carry, _ = gguf_carry(options, ctx.recipe)
+        carried = gguf_layout.carried_blocks(carry) if carry is not None else None
+        quantized = None
+        if carried is not None:
+            quantized = {"from": "gguf", "lm_head": carried["lm_head"]}
+        elif before.quantized:
+            quantized = {"lm_head_quantized": bool(before.lm_head and before.lm_head.quantized)}
+        head = head_precision(options, quantized) if options.precision in QUANTIZED else "float"
+        shared = options.shared_embeddings
+        if shared is None:  # as builder_extra asks, else the builder's default: shared when tied
+            shared = ctx.model.tie_embeddings and not (options.precision in QUANTIZED and head != options.precision)
+        return onnx_size.layout(options, before, ctx.model, carried, head, shared)
 
     def check(self, options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
         problems = [ctx.problem(f"builder_options may not set {key!r}; use the typed option", "builder_options")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmopt import estimates
 from llmopt.backends.base import PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.source.hf import fingerprint
@@ -40,6 +41,13 @@ class GGUFSource:
         path = gguf_path(options.source, base)
         st = path.stat() if path.is_file() else None
         return {"gguf": path.name, "size": st.st_size if st else None, "mtime": int(st.st_mtime) if st else None, "dtype": options.dtype}
+
+    def layout(self, options: ModelSection, ctx: PlanContext) -> estimates.Layout:
+        """The converted folder: every weight dequantized into the recipe's dtype (float32 for auto, as
+        transformers dequantizes GGUF), a tied head once; the tokenizer files estimated from the vocabulary."""
+        info = ctx.model
+        dtype = "float32" if options.dtype == "auto" else options.dtype
+        return estimates.float_layout(dtype, info.tie_embeddings, estimates.tokenizer_files(info))
 
     def run(self, options: ModelSection, ctx: StageContext) -> dict:
         path = gguf_path(options.source, ctx.recipe.path.parent)

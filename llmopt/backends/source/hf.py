@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from llmopt import estimates
 from llmopt.backends.base import PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.cache import blake3_file
@@ -165,6 +166,18 @@ class HuggingFaceSource:
             return {"hub": options.source, "revision": options.revision}
         folder = local_folder(options.source, base)
         return {"folder": str(folder), "files": stat_signature(folder) if folder.is_dir() else []}
+
+    def layout(self, options: ModelSection, ctx: PlanContext) -> estimates.Layout:
+        """The folder as it is: weights in the checkpoint's own dtype (a W4A16 checkpoint's packed
+        integers and scales); its other files measured when it is local."""
+        info = ctx.model
+        folder = None if is_hub_id(options.source) else local_folder(options.source, ctx.recipe.path.parent)
+        files = estimates.measured_files(folder) if folder is not None and folder.is_dir() \
+            else estimates.tokenizer_files(info)
+        dtype = info.dtype or estimates.model_dtype(ctx.recipe.recipe, info)
+        layout = estimates.float_layout(dtype, info.tie_embeddings, files)
+        quantized = estimates.checkpoint_weights(info.quantization, dtype)
+        return layout.with_linears(quantized) if quantized else layout
 
     def run(self, options: ModelSection, ctx: StageContext) -> dict:
         if is_hub_id(options.source):
