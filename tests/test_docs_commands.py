@@ -65,7 +65,8 @@ NOT_RUN = {
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,
 }
 ENDPOINT = ("needs `llmopt serve` to answer log-likelihood requests (echo=true, logprobs) for the perplexity "
-            "and multiple-choice evals: expected to pass once the serve-compat branch is merged; then drop these entries")
+            "and multiple-choice evals: expected to pass once the serve-compat branch is merged; "
+            "then drop these entries")
 EXPECTED_TO_FAIL = {
     "llmopt eval quickstart.toml --candidate http://127.0.0.1:8000/v1": ENDPOINT,
     "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 -o reports/": ENDPOINT,
@@ -221,8 +222,10 @@ class Outcome:
     problem: str = ""
 
     def explain(self, command: DocCommand) -> str:
-        said = f"`{command.text}` ({command.id}) ran as `{self.ran}`: exit {self.returncode}, the docs say {command.expect}"
-        return "\n".join(filter(None, [said, self.problem, "stdout: " + self.stdout[-2000:], "stderr: " + self.stderr[-4000:]]))
+        said = (f"`{command.text}` ({command.id}) ran as `{self.ran}`: exit {self.returncode}, "
+                f"the docs say {command.expect}")
+        outputs = ["stdout: " + self.stdout[-2000:], "stderr: " + self.stderr[-4000:]]
+        return "\n".join(filter(None, [said, self.problem, *outputs]))
 
 
 def free_port() -> int:
@@ -335,7 +338,8 @@ class Page:
             self.server = proc, port
             problem = wait_healthy(proc, port)
             if problem:
-                pytest.fail(f"llmopt serve artifacts/quickstart, for the page's URLs: {problem}\n{err.read_text()[-3000:]}")
+                log = err.read_text()[-3000:]
+                pytest.fail(f"llmopt serve artifacts/quickstart, for the page's URLs: {problem}\n{log}")
         return self.server[1]
 
     def close(self) -> None:
@@ -361,7 +365,8 @@ def pages(quickstart, tmp_path_factory):
 
 def _param(command: DocCommand):
     reason = EXPECTED_TO_FAIL.get(command.text)
-    return pytest.param(command, id=command.id, marks=[pytest.mark.xfail(reason=reason, strict=False)] if reason else [])
+    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+    return pytest.param(command, id=command.id, marks=marks)
 
 
 @pytest.mark.slow
