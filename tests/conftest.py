@@ -1,11 +1,14 @@
-"""Shared fixtures: a tiny random Llama with its own tokenizer, an isolated cache, recipes."""
+"""Shared fixtures: a tiny random Llama with its own tokenizer, an isolated cache, recipes, and one real
+run of the quickstart recipe on the demo model for the slow tests that need its artifact."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,53 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 
 def load_json(text: str):
     return json.loads(text)
+
+
+def link_tree(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` at ``dst`` whose files are hard links (copies across filesystems)."""
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=link, symlinks=True, ignore=shutil.ignore_patterns("tmp"))
+    return dst
+
+
+@dataclass
+class Quickstart:
+    """The shared quickstart run: its artifact, the cache that holds its stages, and the command's result."""
+    root: Path
+    artifact: Path
+    cache: Path
+    result: subprocess.CompletedProcess
+
+    @property
+    def recipe(self) -> Path:
+        return ROOT / "recipes" / "quickstart.toml"
+
+    def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """``llmopt ARGS`` with this run's cache."""
+        return run_cli(*args, cwd=cwd or self.root, env=QUIET_HUB | {"LLMOPT_CACHE": str(self.cache)})
+
+
+QUIET_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory) -> Quickstart:
+    """ONE real ``llmopt run recipes/quickstart.toml --format json`` (many minutes on a CPU) in its own cache,
+    shared by tests/test_quickstart.py and tests/test_docs_commands.py; the tests assert on its result.
+
+    LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts that cache as hard links to a cache that already holds the
+    quickstart's stages (a developer's own): the run is still run, and then takes seconds. CI leaves it unset."""
+    root = tmp_path_factory.mktemp("quickstart")
+    cache = root / "cache"
+    seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
+    if seed:
+        link_tree(Path(seed), cache)
+    artifact = root / "artifacts" / "quickstart"
+    result = run_cli("run", str(ROOT / "recipes" / "quickstart.toml"), "-o", str(artifact), "--format", "json",
+                     cwd=root, env=QUIET_HUB | {"LLMOPT_CACHE": str(cache)}, timeout=3 * 3600)
+    return Quickstart(root, artifact, cache, result)

@@ -6,13 +6,11 @@ import json
 
 import pytest
 
-from conftest import ROOT, run_cli
-
 
 @pytest.mark.slow
-def test_quickstart_runs_end_to_end(tmp_path):
-    out = tmp_path / "quickstart"
-    result = run_cli("run", str(ROOT / "recipes" / "quickstart.toml"), "-o", str(out), "--format", "json", cwd=tmp_path)
+def test_quickstart_runs_end_to_end(tmp_path, quickstart):
+    """The run itself is the session fixture `quickstart` (tests/conftest.py), shared with the docs' commands."""
+    out, result, cli = quickstart.artifact, quickstart.result, quickstart.cli
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(result.stdout)
     assert doc["passed"] is True
@@ -31,19 +29,19 @@ def test_quickstart_runs_end_to_end(tmp_path):
     assert 5 < gates["prose"]["baseline"] < 100  # a real language model on English prose
     assert gates["prose"]["candidate"] > gates["prose"]["baseline"]  # 4 bits cost something; never free
     assert gates["mc"]["n"] == 200 and gates["mc"]["baseline"] > 0.4  # well above chance (0.25)
-    assert run_cli("verify", str(out)).returncode == 0
-    again = run_cli("run", str(ROOT / "recipes" / "quickstart.toml"), "-o", str(out), cwd=tmp_path)  # human output
+    assert cli("verify", str(out)).returncode == 0
+    again = cli("run", str(quickstart.recipe), "-o", str(out), cwd=tmp_path)  # human output
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(0 stage(s) run, 9 cached" in again.stdout + again.stderr
     table = again.stdout + again.stderr
     assert "verdict" in table and "prose" in table and "PASS" in table  # the verdict table
     # the artifact as eval's candidate: from the cache as it is, from its ONNX folder once read in place
-    recipe = str(ROOT / "recipes" / "quickstart.toml")
-    cached = run_cli("eval", recipe, "--candidate", str(out), "-o", str(tmp_path / "r1"), "-f", "json", cwd=tmp_path)
+    recipe = str(quickstart.recipe)
+    cached = cli("eval", recipe, "--candidate", str(out), "-o", str(tmp_path / "r1"), "-f", "json", cwd=tmp_path)
     assert cached.returncode == 0, cached.stderr[-3000:]
     assert {s["status"] for s in json.loads(cached.stdout)["stages"]} == {"cached"}
-    onnx = run_cli("eval", recipe, "--candidate", str(out / "model"), "-o", str(tmp_path / "r2"), "-f", "json",
-                   cwd=tmp_path)
+    onnx = cli("eval", recipe, "--candidate", str(out / "model"), "-o", str(tmp_path / "r2"), "-f", "json",
+               cwd=tmp_path)
     assert onnx.returncode == 0, onnx.stderr[-3000:]
     scored = json.loads(onnx.stdout)
     assert scored["evals"]["eval.prose.candidate"]["runtime"] == "onnxruntime"

@@ -34,7 +34,7 @@ def eval_(
 
     Examples:
 
-        llmopt eval recipes/quickstart.toml --model ./my-model
+        llmopt eval recipes/quickstart.toml --model artifacts/quickstart/model
 
         llmopt eval recipes/quickstart.toml --candidate artifacts/quickstart -o reports/
 

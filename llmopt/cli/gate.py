@@ -29,11 +29,11 @@ def gate(
 
     Examples:
 
-        llmopt gate artifacts/quickstart/reports/report.json -s mc.max_drop=0.05
+        llmopt gate artifacts/quickstart/reports/report.json -s mc.max_drop=0.05   # exits 3
 
-        llmopt gate reports/quickstart/report.json -s confidence=0.9 -s prose.max_increase_pct=none
+        llmopt gate reports/report.json -s confidence=0.9 -s prose.max_increase_pct=none
 
-        llmopt gate report.json -s mc.interval=bootstrap -o rejudged/ --format json
+        llmopt gate reports/report.json -s mc.interval=bootstrap -o rejudged/ --format json
     """
     from llmopt.cli.eval import show
     from llmopt.evaluate import rejudge

@@ -22,7 +22,7 @@ def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, out
 
         llmopt plan recipes/quickstart.toml --format json
 
-        llmopt plan my-hub-model.toml --offline
+        llmopt plan my.toml --offline
     """
     from llmopt import api
     from llmopt.errors import RecipeError

@@ -31,9 +31,9 @@ def run(
 
         llmopt run recipes/quickstart.toml
 
-        llmopt run recipes/quickstart.toml --force eval --format json
+        llmopt run recipes/quickstart.toml --force deploy --format json
 
-        llmopt run my.toml -s compress[0].group_size=64 -o out/
+        llmopt run recipes/quickstart.toml -s 'eval[0].max_windows=8' -o out/
     """
     from llmopt import api
     from llmopt.errors import GateFailed

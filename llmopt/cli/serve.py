@@ -33,11 +33,11 @@ def serve(
 
     Examples:
 
-        llmopt serve artifacts/smollm2-gptq
+        llmopt serve artifacts/quickstart
 
-        llmopt serve path/to/model --port 8080 --max-queue 4 --max-model-len 2048
+        llmopt serve artifacts/quickstart/model --port 8080 --max-queue 4 --max-model-len 2048
 
-        llmopt serve artifacts/phi3-int4-onnx --host 0.0.0.0 --model-name phi3
+        llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
     """
     from llmopt import server
     from llmopt.server.model import locate

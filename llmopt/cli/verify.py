@@ -25,7 +25,7 @@ def verify(
 
         llmopt verify artifacts/quickstart
 
-        llmopt verify artifacts/smollm2-vllm-h100 --format json
+        llmopt verify artifacts/quickstart --format json
     """
     from llmopt.verify import failure, verify_artifact
 
