@@ -32,7 +32,7 @@ def test_quickstart_runs_end_to_end(tmp_path, quickstart):
     assert cli("verify", str(out)).returncode == 0
     again = cli("run", str(quickstart.recipe), "-o", str(out), cwd=tmp_path)  # human output
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "(0 stage(s) run, 9 cached" in again.stdout + again.stderr
+    assert "(0 stage(s) run, 17 cached" in again.stdout + again.stderr
     table = again.stdout + again.stderr
     assert "verdict" in table and "prose" in table and "PASS" in table  # the verdict table
     # the artifact as eval's candidate: from the cache as it is, from its ONNX folder once read in place
