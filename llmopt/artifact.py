@@ -25,7 +25,7 @@ from pathlib import Path
 import llmopt
 from llmopt import reports
 from llmopt.libraries import versions
-from llmopt.cache import checksums, place_tree, write_json
+from llmopt.cache import checksums, place_tree, swap_into_place, write_json
 from llmopt.plan import Plan
 
 
@@ -59,7 +59,7 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         manifest["files"] = checksums(tmp, manifest["checksum"])
         write_json(tmp / "manifest.json", manifest)
         readable(tmp)
-        _swap_into_place(tmp, final)
+        swap_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -126,13 +126,3 @@ def _machine() -> dict:
     import platform
 
     return {"platform": platform.platform(), "python": platform.python_version()}
-
-
-def _swap_into_place(tmp: Path, final: Path) -> None:
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)

@@ -95,6 +95,18 @@ def checksums(root: Path, algorithm: str = "blake3") -> dict[str, str]:
     return {str(p.relative_to(root)): digests[p] for p in files}
 
 
+def swap_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``final``; an older ``final`` is moved aside first and removed
+    after, so ``final`` is always either the old folder or the new one, never half of each."""
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
 class Cache:
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root else default_root()

@@ -158,19 +158,13 @@ def sharing(rows: list[dict], ledger: _Ledger) -> dict:
 
 def place_chosen(artifact: Path, dest: Path) -> None:
     """The chosen variant's artifact at ``dest``: weights hard-linked, other files copied, renamed into place."""
-    from llmopt.cache import place_tree
+    from llmopt.cache import place_tree, swap_into_place
 
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         place_tree(artifact, tmp, link=True)
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-            os.rename(dest, old)
-            os.rename(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, dest)
+        swap_into_place(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
