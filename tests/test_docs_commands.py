@@ -60,6 +60,11 @@ NOT_RUN = {
     "make demo": "the quickstart itself: the session fixture `quickstart` (tests/conftest.py) runs "
                  "`llmopt run recipes/quickstart.toml`, and every page here starts from its artifact",
     "make test": "this test suite",
+    ("guidellm run --backend kind=openai_http,target=http://127.0.0.1:8000 --profile kind=synchronous --constraint "
+     "kind=max_requests,count=20 --data kind=synthetic_text,prompt_tokens=256,output_tokens=128 --tokenizer "
+     "kind=hf_auto,model=artifacts/quickstart/model"):
+        "GuideLLM is not installed by `make test`: from PyPI it pulls a CUDA torch; tests/test_server.py replays "
+        "its request bodies against llmopt serve instead",
     "make vllm-env": "installs vLLM 0.33.0 into .test-envs/vllm from PyPI; tests/test_serve_vllm_engine.py runs it",
     "LLMOPT_VLLM_PYTHON=.test-envs/vllm/bin/python llmopt run recipes/smollm2-vllm-h100.toml": VLLM_ENV,
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,
