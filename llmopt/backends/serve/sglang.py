@@ -13,7 +13,6 @@ Produces: ``deploy/sglang/launch.sh``, ``docker-compose.yaml`` and ``kubernetes.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field

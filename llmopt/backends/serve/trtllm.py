@@ -13,7 +13,6 @@ Produces: ``deploy/trtllm/config.yaml``, ``launch.sh``, ``docker-compose.yaml`` 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field

@@ -13,7 +13,6 @@ Produces: ``deploy/vllm/config.yaml`` (long option names as keys), ``launch.sh``
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
