@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from llmopt import api
-from llmopt.errors import GateFailed, RecipeError, UsageError
+from llmopt.errors import RecipeError, UsageError
 from llmopt.recipe.load import apply_override
 from llmopt.recipe.schema import SweepSection
 from llmopt.sweep import report as reporting
