@@ -29,6 +29,7 @@ from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder, from_gguf, gguf_path, is_gguf
 from llmopt.recipe.load import LoadedRecipe
+from llmopt.runtimes.endpoint import served_identity
 from llmopt.stages import DeployStage, GateStage, gate_options
 
 
@@ -45,6 +46,7 @@ class Stage:
     role: str = ""  # eval stages: baseline | candidate
     volatile: bool = False  # runs even when cached: scores through an endpoint, or reads such a stage
     pinned: str = ""  # the key of a finished cache entry this stage stands for (an artifact's model)
+    unkeyed: tuple[str, ...] = ()  # options left out of the key (an endpoint's URL, when the server names its model)
 
     @property
     def impl(self) -> Any:
@@ -128,7 +130,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     info = model_facts(loaded, problems, facts) if baseline is None else folder_facts(Path(baseline))
     builder = _Builder(loaded, problems, info, gpu, cache, facts)
     section = recipe.model if baseline is None else recipe.model.model_copy(update={"source": str(Path(baseline).resolve())})
-    source = builder.source("source", section)
+    pinned = pinned_stage(Path(baseline), cache, "source") if baseline is not None else None
+    source = builder.add(pinned) if pinned is not None else builder.source("source", section)
     if scope == "run":
         target = builder.model_stages(source)
         builder.evals(source, target)
@@ -167,6 +170,7 @@ class _Builder:
         self.facts = facts  # False: nothing of the model is read, so the source check is skipped
         self.stages: list[Stage] = []
         self.upstream: list[str] = []  # the compress methods so far
+        self.identities: dict[str, dict | None] = {}  # endpoint URL -> what its server says it serves
 
     def ctx(self, step: tuple, **kw) -> PlanContext:
         return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
@@ -238,8 +242,24 @@ class _Builder:
                 if url not in checked:
                     self.problems += registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index)))
                     checked.add(url)
-                self.add(Stage(name, "eval", item.kind, ("eval", index), opts, {"model": model_stage.name},
-                               {"data_sha256": digest}, role=role, volatile=url is not None))
+                stage = Stage(name, "eval", item.kind, ("eval", index), opts, {"model": model_stage.name},
+                              {"data_sha256": digest}, role=role)
+                address = url or (getattr(opts, "endpoint", None) if getattr(opts, "runtime", "") == "endpoint" else None)
+                if address:
+                    self.served(stage, address, getattr(opts, "endpoint_model", None))
+                self.add(stage)
+
+    def served(self, stage: Stage, url: str, served_model: str | None) -> None:
+        """An eval through an endpoint runs every time, unless the server names what it serves (``llmopt
+        serve`` does: model digest, runtime, library versions): then that, not the URL, is in the key."""
+        if url not in self.identities:
+            self.identities[url] = served_identity(url, served_model) if self.facts else None
+        found = self.identities[url]
+        if found is None:
+            stage.volatile = True
+        else:
+            stage.material["served"] = found
+            stage.unkeyed = ("endpoint",)
 
     def gate(self) -> None:
         """One gate stage over every eval's baseline and candidate, when there is a candidate."""
@@ -284,12 +304,15 @@ class Pinned(BaseModel):
     artifact: str
 
 
-def pinned_stage(path: Path, cache: Cache) -> Stage | None:
-    """The final model stage of the artifact at ``path`` as a cache entry, when the cache holds it whole and
-    the artifact's model files still match its manifest; None otherwise (the folder is then read in place)."""
+def pinned_stage(path: Path, cache: Cache, name: str = "candidate") -> Stage | None:
+    """The final model stage of the artifact at ``path`` (the artifact folder or its ``model/``) as a cache
+    entry, when the cache holds it whole and the artifact's model files still match its manifest; None
+    otherwise (the folder is then read in place). Its evals then have the keys of the run that made it."""
     from llmopt.verify import verify_artifact
 
     path = path.expanduser().resolve()
+    if path.name == "model" and not (path / "manifest.json").is_file():
+        path = path.parent
     if not (path / "manifest.json").is_file():
         return None
     try:
@@ -303,9 +326,7 @@ def pinned_stage(path: Path, cache: Cache) -> Stage | None:
     report = verify_artifact(path)
     if any(p.startswith("model/") for p in report["changed"] + report["missing"] + report["extra"]):
         return None
-    stage = Stage("candidate", "pinned", last.get("backend", ""), ("model",), Pinned(artifact=str(path)),
-                  pinned=last["key"])
-    return stage
+    return Stage(name, "pinned", last.get("backend", ""), ("model",), Pinned(artifact=str(path)), pinned=last["key"])
 
 
 def assign_keys(stages: list[Stage]) -> None:
@@ -319,7 +340,7 @@ def assign_keys(stages: list[Stage]) -> None:
             "kind": stage.kind,
             "backend": stage.backend,
             "backend_version": getattr(impl, "version", 1),
-            "options": stage.options.model_dump(mode="json"),
+            "options": stage.options.model_dump(mode="json", exclude=set(stage.unkeyed)),
             "inputs": {role: keys[name] for role, name in stage.inputs.items()},
             "versions": versions(impl.requires),
             "llmopt": llmopt.STAGE_FORMAT,

@@ -65,6 +65,9 @@ NOT_RUN = {
      "kind=hf_auto,model=artifacts/quickstart/model"):
         "GuideLLM is not installed by `make test`: from PyPI it pulls a CUDA torch; tests/test_server.py replays "
         "its request bodies against llmopt serve instead",
+    "llmopt sweep my.toml --executor ray --address auto --cache-dir /shared/llmopt-cache -o /shared/sweeps/my":
+        "joins a running Ray cluster (`--address auto`) and writes to a folder its machines share; "
+        "tests/test_sweep.py runs the Ray executor on a local cluster and compares its table with the local one's",
     "make vllm-env": "installs vLLM 0.33.0 into .test-envs/vllm from PyPI; tests/test_serve_vllm_engine.py runs it",
     "LLMOPT_VLLM_PYTHON=.test-envs/vllm/bin/python llmopt run recipes/smollm2-vllm-h100.toml": VLLM_ENV,
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,37 @@ def test_eval_against_llmopt_serve_scores_perplexity_and_multiple_choice(capsys,
     assert abs(gates["prose"]["delta"]) < 1e-4 and gates["prose"]["verdict"] == "pass"  # the same model, served
     assert gates["mc"]["delta"] == 0 and gates["mc"]["verdict"] == "pass"
     assert gates["mc"]["discordant"] == {"candidate_better": 0, "candidate_worse": 0}
+
+
+def test_scores_through_llmopt_serve_are_cached_on_what_it_serves_not_its_url(capsys, tiny_model, tmp_path):
+    """`llmopt serve` lists its model's digest in /v1/models: the same model served again, on another port,
+    is not scored again; a changed model file is."""
+    from llmopt.server import load_model
+    from test_server import running
+
+    recipe = write_recipe(tmp_path, SERVED_RECIPE.format(model=tiny_model))
+
+    def scored(model: Path) -> tuple[dict, dict]:
+        with running(load_model(model, name="tiny-served")) as base:
+            code, out, err = cli(capsys, "eval", str(recipe), "--candidate", f"{base}/v1", "-o", str(tmp_path / "r"),
+                                 "-f", "json")
+            with urllib.request.urlopen(f"{base}/v1/models") as answer:
+                card = json.loads(answer.read())["data"][0]
+        assert code == 0, err
+        return {s["name"]: s["status"] for s in json.loads(out)["stages"]}, card
+
+    first, card = scored(tiny_model)
+    assert card["llmopt"]["model_digest"].startswith("sha256:") and card["llmopt"]["runtime"] == "transformers"
+    assert first["eval.prose.candidate"] == "ran" and first["eval.mc.candidate"] == "ran"
+    again, same = scored(tiny_model)  # another server, another port, the same files
+    assert same["llmopt"] == card["llmopt"]
+    assert again["eval.prose.candidate"] == "cached" and again["eval.mc.candidate"] == "cached"
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_model, changed)
+    (changed / "NOTES.md").write_text("one more file: the folder is not the one scored before\n")
+    third, other = scored(changed)
+    assert other["llmopt"]["model_digest"] != card["llmopt"]["model_digest"]
+    assert third["eval.prose.candidate"] == "ran" and third["eval.mc.candidate"] == "ran"
 
 
 def test_eval_fails_at_once_when_the_server_cannot_echo_logprobs(capsys, tiny_model, tmp_path, isolated_cache):

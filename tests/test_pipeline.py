@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -76,3 +77,22 @@ def test_candidate_artifact_whose_model_changed_is_scored_again(capsys, tiny_mod
     code, doc = call(capsys, "eval", str(recipe), "--candidate", str(art), "-o", str(tmp_path / "r"))
     assert code == 0, doc
     assert statuses(doc)["candidate"] == "ran" and statuses(doc)["eval.prose.candidate"] == "ran"
+
+
+def test_an_artifacts_model_folder_is_its_cached_model_stage(capsys, tiny_model, tmp_path):
+    """`--candidate ART/model` and `--model ART/model` stand for the artifact's model stage, as ART does; the
+    same files copied out of the artifact are a folder like any other, read in place."""
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, PRUNE))
+    art = tmp_path / "art"
+    code, run = call(capsys, "run", str(recipe), "-o", str(art))
+    assert code == 0
+    code, doc = call(capsys, "eval", str(recipe), "--candidate", str(art / "model"), "-o", str(tmp_path / "r1"))
+    assert code == 0 and set(statuses(doc).values()) == {"cached"}, statuses(doc)
+    assert doc["gates"][0]["candidate"] == run["gates"][0]["candidate"]
+    code, alone = call(capsys, "eval", str(recipe), "--model", str(art / "model"), "-o", str(tmp_path / "r2"))
+    assert code == 0 and statuses(alone) == {"source": "cached", "eval.prose": "cached"}
+    assert alone["evals"]["eval.prose"]["value"] == run["gates"][0]["candidate"]
+    copy = shutil.copytree(art / "model", tmp_path / "copied")
+    code, doc = call(capsys, "eval", str(recipe), "--candidate", str(copy), "-o", str(tmp_path / "r3"))
+    assert code == 0 and statuses(doc)["candidate"] == "ran" and statuses(doc)["eval.prose.candidate"] == "ran"
+    assert doc["gates"][0]["candidate"] == pytest.approx(run["gates"][0]["candidate"], rel=1e-6)

@@ -48,11 +48,11 @@ def bench(
 
     Examples:
 
-        llmopt bench http://127.0.0.1:8000 --input-len 512 --output-len 128 -c 1,8,32
+        llmopt bench http://127.0.0.1:8000 --input-len 512 --output-len 64 -c 1,4 -n 16
 
-        llmopt bench artifacts/smollm2-gptq --sweep --slo ttft_p99_ms=500
+        llmopt bench artifacts/quickstart --sweep --max-concurrency 4 -n 16 --slo ttft_p99_ms=2000
 
-        llmopt bench http://gpu-box:8000/v1 --rate 2,4,8 -n 200 --format json
+        llmopt bench http://127.0.0.1:8000/v1 --rate 1,2 -n 16 --output-len 32 --format json
     """
     from llmopt import api
 

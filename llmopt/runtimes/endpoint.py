@@ -192,6 +192,21 @@ def probe(url: str, needs, served_model: str | None = None, timeout: float = 60.
         return problems
 
 
+def served_identity(url: str, served_model: str | None = None, timeout: float = 10.0) -> dict | None:
+    """The ``llmopt`` entry of the served model in ``GET /v1/models`` (``llmopt serve`` lists the model
+    files' digest, the runtime and its library versions there), or None: another engine, or no answer.
+    Scores through a server that names what it serves can be cached like in-process scores."""
+    httpx = require("httpx", "serve", "the endpoint runtime")
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), headers=auth_headers()) as client:
+            models = client.get(base_url(url) + "/models").json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    chosen = [m for m in models if isinstance(m, dict) and (served_model is None or m.get("id") == served_model)]
+    found = chosen[0].get("llmopt") if chosen else None
+    return found if isinstance(found, dict) and str(found.get("model_digest", "")).startswith("sha256:") else None
+
+
 def refused(response) -> str:
     try:
         message = response.json()["error"]["message"]

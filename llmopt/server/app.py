@@ -80,7 +80,8 @@ def create_app(served: ServedModel, max_queue: int = 16) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> schemas.ModelList:
         return schemas.ModelList(data=[schemas.ModelCard(id=served.name, created=created,
-                                                         max_model_len=served.max_model_len)])
+                                                         max_model_len=served.max_model_len,
+                                                         llmopt=served.identity)])
 
     @app.get("/health")
     async def health():

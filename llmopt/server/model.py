@@ -29,6 +29,26 @@ class ServedModel:
     runtime: Any  # llmopt.runtimes interface, with ``stream``
     max_model_len: int  # longest prompt + completion, in tokens
     vocab_size: int | None = None
+    identity: dict | None = None  # what answers: the model files' digest, the runtime and its libraries
+
+
+RUNTIME_LIBRARIES = ("onnxruntime-genai", "onnxruntime", "torch", "transformers")
+
+
+def identity(model_dir: Path, runtime: Any, device: str) -> dict:
+    """What a client needs to know that two servers give the same scores: one digest of the model folder's
+    files (every file, configs included: an ONNX model's session options are in genai_config.json), the
+    runtime, the device and the versions of the libraries that compute. ``/v1/models`` lists it under
+    ``llmopt``, and llmopt's endpoint evals key their cache on it instead of the URL."""
+    import hashlib
+
+    from llmopt.cache import checksums
+    from llmopt.libraries import versions
+
+    files = checksums(model_dir)
+    digest = hashlib.sha256("\n".join(f"{name} {files[name]}" for name in sorted(files)).encode()).hexdigest()
+    return {"model_digest": f"sha256:{digest}", "runtime": getattr(runtime, "name", type(runtime).__name__),
+            "device": device, "versions": versions(RUNTIME_LIBRARIES)}
 
 
 def locate(path: Path) -> tuple[Path, str, str]:
@@ -104,4 +124,4 @@ def load_model(path: Path, runtime: str = "auto", device: str = "cpu", max_model
     context, vocab = model_limits(model_dir)
     limit = max_len(context, max_model_len, model_dir)
     opened = open_runtime(model_dir, fmt, runtime, device)
-    return ServedModel(name or default_name, model_dir, fmt, opened, limit, vocab)
+    return ServedModel(name or default_name, model_dir, fmt, opened, limit, vocab, identity(model_dir, opened, device))

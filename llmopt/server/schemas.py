@@ -236,6 +236,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "llmopt"
     max_model_len: int
+    llmopt: Optional[dict] = Field(None, description="What answers: model_digest (sha256 of the model folder's files), "
+                                   "runtime, device and library versions. Clients may cache scores on it.")
 
 
 class ModelList(BaseModel):
