@@ -62,9 +62,11 @@ def test_every_engine_writes_parseable_configs_without_secrets(tiny_model, tmp_p
     for engine in ("vllm", "trtllm", "sglang"):
         out = tmp_path / engine
         api.run(recipe, overrides=[f"serve.backend={engine!r}"], output_dir=out)
-        deploy = json.loads((out / "manifest.json").read_text())["deploy"]
-        folder = out / "deploy" / engine
+        manifest = json.loads((out / "manifest.json").read_text())
+        deploy, folder = manifest["deploy"], out / "deploy" / engine
         assert deploy["engine"] == engine and deploy["command"]
+        assert manifest["hardware"]["serving_gpus"] == deploy["gpus"] == 1
+        assert 'answers to `model="tiny"`' in (out / "README.md").read_text()  # the served model name
         assert deploy["validated_by"].startswith("flag table")
         assert deploy["memory"]["tensor_parallel_size"] == 1  # the tiny model fits one H100
         assert deploy["memory"]["max_num_seqs"] == 32 and deploy["memory"]["max_model_len"] == 512
