@@ -9,9 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from test_deploy_configs import render
-
-pytest.importorskip("kubernetes_validate")
+from test_deploy_configs import onnx_model, render, render_ort
 
 
 def manifests(folder):
@@ -27,8 +25,7 @@ def gib(quantity: str) -> int:
 
 @pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])
 def test_manifests_are_valid_kubernetes(tmp_path, engine):
-    import kubernetes_validate
-
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
     _, folder = render(tmp_path, engine, 'node_selector = { "nvidia.com/gpu.product" = "NVIDIA-H100-80GB-HBM3" }')
     for doc in yaml.safe_load_all((folder / "kubernetes.yaml").read_text()):
         kubernetes_validate.validate(doc, "1.37.0", strict=True)
@@ -117,3 +114,16 @@ def test_the_service_selects_the_pods_and_the_model_name_is_documented(tmp_path)
     assert 'model="demo"' in text or "model=demo" in text
     deployment, service, _ = manifests(folder)
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_a_cpu_replica_rolls_without_a_gap(tmp_path):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    _, folder = render_ort(tmp_path, onnx_model(tmp_path, []), 'image = "registry.example/llmopt-ort:1"')
+    for doc in yaml.safe_load_all((folder / "kubernetes.yaml").read_text()):
+        kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    deployment, _, service = manifests(folder)
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod = deployment["spec"]["template"]["spec"]
+    assert "tolerations" not in pod and "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert "reservations" not in service["deploy"]["resources"]
