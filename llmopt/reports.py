@@ -208,6 +208,8 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
     deploy = manifest.get("deploy") or {}
     if deploy.get("command"):
         lines += ["## Launch", "", "```sh", deploy["command"], "```", ""]
+        if deploy.get("served_model_name"):
+            lines += [f"The server answers to `model=\"{deploy['served_model_name']}\"`.", ""]
     digest = {"blake3": "BLAKE3 (what `b3sum` prints)", "sha256": "SHA-256 (what `sha256sum` prints)"}[recipe.output.checksum]
     lines += [f"Every file's {digest} is in `manifest.json`; `llmopt verify <this folder>` checks them.", ""]
     return "\n".join(lines)

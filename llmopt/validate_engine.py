@@ -96,25 +96,27 @@ def _load_yaml(path: Path) -> dict:
     return yaml.safe_load(Path(path).read_text()) or {}
 
 
-def check_flags(config: dict, types: dict, names: frozenset | None = None, prefix: str = "") -> tuple[list, list]:
+def check_flags(config: dict, types: dict, names: frozenset | None = None, prefix: str = "",
+                nested: dict | None = None) -> tuple[list, list]:
     """Errors and warnings of ``config`` against a flag table: unknown names, wrong types or choices.
-    ``names`` is the engine's full option list (None: ``types`` is a curated subset, so unknown keys warn)."""
+    ``names`` is the engine's full option list (None: ``types`` is a curated subset, so unknown keys warn);
+    ``nested`` the full field lists of tables (``{"kv_cache_config": frozenset(...)}``), checked the same way."""
     errors, warnings = [], []
     for key, value in config.items():
         spec = types.get(key)
         label = prefix + key
+        if names is not None and key not in names:
+            errors.append(f"unknown option {label!r}")
+            continue
         if spec is None:
-            if names is not None and key not in names:
-                errors.append(f"unknown option {label!r}")
-            elif names is None:
+            if names is None:
                 warnings.append(f"{label!r} is not in llmopt's flag table; passed through unchecked")
             continue
-        problem = _type_problem(value, spec)
         if isinstance(spec, dict) and isinstance(value, dict):
-            sub_errors, sub_warnings = check_flags(value, spec, None, label + ".")
+            sub_errors, sub_warnings = check_flags(value, spec, (nested or {}).get(key), label + ".")
             errors += sub_errors
             warnings += sub_warnings
-        elif problem:
+        elif problem := _type_problem(value, spec):
             errors.append(f"{label}: {problem}")
     return errors, warnings
 
@@ -165,7 +167,8 @@ def shape_errors(info, tp: int, max_model_len, max_num_seqs, batched, chunked: b
     return errors
 
 
-def validate_table(engine: str, config: dict, types: dict, names: frozenset | None, version: str) -> dict:
+def validate_table(engine: str, config: dict, types: dict, names: frozenset | None, version: str,
+                   nested: dict | None = None) -> dict:
     """Flag-table validation for an engine llmopt cannot run here (TensorRT-LLM, SGLang)."""
-    errors, warnings = check_flags(config, types, names)
+    errors, warnings = check_flags(config, types, names, nested=nested)
     return {"ok": not errors, "validated_by": f"flag table {engine} {version}", "errors": errors, "warnings": warnings}

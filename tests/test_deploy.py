@@ -61,9 +61,11 @@ def test_every_engine_writes_parseable_configs_without_secrets(tiny_model, tmp_p
     for engine in ("vllm", "trtllm", "sglang"):
         out = tmp_path / engine
         api.run(recipe, overrides=[f"serve.backend={engine!r}"], output_dir=out)
-        deploy = json.loads((out / "manifest.json").read_text())["deploy"]
-        folder = out / "deploy" / engine
+        manifest = json.loads((out / "manifest.json").read_text())
+        deploy, folder = manifest["deploy"], out / "deploy" / engine
         assert deploy["engine"] == engine and deploy["command"]
+        assert manifest["hardware"]["serving_gpus"] == deploy["gpus"] == 1
+        assert 'answers to `model="tiny"`' in (out / "README.md").read_text()  # the served model name
         assert deploy["validated_by"].startswith("flag table")
         assert deploy["memory"]["tensor_parallel_size"] == 1  # the tiny model fits one H100
         assert deploy["memory"]["max_num_seqs"] == 32 and deploy["memory"]["max_model_len"] == 512
@@ -174,8 +176,10 @@ def served(tmp_path, tiny_model, engine: str, steps: str, gpu: str | None, expor
     ("trtllm", 'method = "int8_sq"', "H100", "error", "legacy engine path"),
     ("trtllm", 'method = "modelopt_int8_sq"', "H100", "error", "legacy engine path"),
     ("trtllm", 'method = "gptq"\ngroup_size = 32', "H100", "warning", "not compressed-tensors"),
-    ("sglang", 'method = "modelopt_fp8"', "L40S", "error", "needs Hopper"),
-    ("sglang", 'method = "modelopt_int8_sq"', "H100", "error", "FP8 and NVFP4 checkpoints only"),
+    ("sglang", 'method = "modelopt_fp8"', "A100-80GB", "error", "needs CC 8.9"),  # SGLang 0.5.23: min capability 89
+    ("sglang", 'method = "modelopt_fp8"', "L40S", None, ""),
+    ("sglang", 'method = "modelopt_int4_awq"\nblock_size = 32', "H100", "error", "not INT4 AWQ"),
+    ("sglang", 'method = "modelopt_int8_sq"', "H100", "error", "not INT8 SmoothQuant"),
     ("sglang", 'method = "fp8"', "H100", None, ""),
     ("ort", 'method = "modelopt_nvfp4"', None, "error", "does not read ModelOpt NVFP4"),
     ("ort", 'method = "fp8"', None, "error", "CUDA execution provider"),
@@ -236,6 +240,7 @@ def test_ort_overlay_is_accepted_by_onnxruntime_genai(tiny_model, tmp_path):
     og = pytest.importorskip("onnxruntime_genai")
     from llmopt import registry
     from llmopt.backends.base import StageContext
+    from llmopt.errors import StageFailed
 
     onnx = tmp_path / "onnx"
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(tiny_model), "-i",
@@ -243,18 +248,23 @@ def test_ort_overlay_is_accepted_by_onnxruntime_genai(tiny_model, tmp_path):
                    check=True, capture_output=True, timeout=600)
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model) + '[target]\ngpu = "L4"\n'
                                     '[serve]\nbackend = "ort"\nmax_model_len = 256\nintra_op_num_threads = 2\n')
-    for overrides, provider in (([], "cuda"), (['serve.provider="cpu"'], "cpu")):
+    for overrides, provider in (([], "cpu"), (['serve.provider="cuda"'], None)):
         plan = api.plan(recipe, overrides)  # its own check says ort needs [export] format = "onnx"
         folder = tmp_path / f"deploy-{provider}"
         folder.mkdir()
         ctx = StageContext(name="deploy.ort", out_dir=folder, inputs={"model": onnx},
                            input_manifests={"model": {"outputs": {"model_dir": str(onnx), "format": "onnx"}}},
                            recipe=plan.recipe, log=logging.getLogger("llmopt.test"), model=plan.model, gpu=plan.gpu)
+        if provider is None:  # the graph is built for the CPU: a GPU target does not switch it to CUDA
+            with pytest.raises(StageFailed, match="built for the cpu execution provider"):
+                registry.get("serve", "ort")().render(plan.recipe.options_for("serve"), ctx)
+            continue
         deploy = registry.get("serve", "ort")().render(plan.recipe.options_for("serve"), ctx)
         assert deploy["provider"] == provider and deploy["validated_by"].startswith("onnxruntime-genai 0.18")
         merged = json.loads((folder / "genai_config.json").read_text())
         session = merged["model"]["decoder"]["session_options"]
-        assert session["provider_options"] == ([{"cuda": {}}] if provider == "cuda" else [])
+        exported = json.loads((onnx / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+        assert session.get("provider_options") == exported.get("provider_options")  # the export's, kept
         assert session["intra_op_num_threads"] == 2 and merged["search"]["max_length"] == 256
         assert merged["model"]["decoder"]["num_hidden_layers"] == 2  # the rest of the model's config is kept
     run = tmp_path / "run"  # what launch.sh builds: links to model/ plus the adapted genai_config.json

@@ -4,9 +4,9 @@ writes, checked against each engine's own source of the version named here.
 * vLLM 0.33.0: every long option of ``EngineArgs.add_cli_args`` (read from the installed
   wheel's parser; ``vllm serve`` adds host/port and other frontend options on the command
   line, which llmopt passes outside config.yaml);
-* TensorRT-LLM 1.2.1: the ``trtllm-serve`` options and the ``TorchLlmArgs`` keys of its
-  ``--config`` YAML that llmopt writes (from ``tensorrt_llm/commands/serve.py`` and
-  ``tensorrt_llm/llmapi/llm_args.py``; a curated subset, so other keys are only warned about);
+* TensorRT-LLM 1.2.1: every ``TorchLlmArgs`` field (the keys of trtllm-serve's ``--config`` YAML) and the
+  fields of the nested configs llmopt writes, from ``tensorrt_llm/llmapi/llm_args.py``; unknown keys are
+  errors, as they are for TensorRT-LLM (its argument models forbid extra keys);
 * SGLang 0.5.23: every option of ``ServerArgs.add_cli_args`` (the ``sglang/srt/arg_groups``
   field declarations and ``server_args.py`` of the 0.5.23 wheel).
 
@@ -170,21 +170,95 @@ SGLANG_TYPES: dict[str, Any] = {
     "tp-size": int, "pp-size": int, "dp-size": int, "ep-size": int,
     "disable-radix-cache": bool, "trust-remote-code": bool, "enable-metrics": bool,
 }
+# other spellings of one option: the ``aliases`` of the field declarations in sglang/srt/arg_groups/fields/
+# (SGLang 0.5.23); extras are written under the name the planner uses, so a planned value meets its alias
+SGLANG_ALIASES = {
+    "tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size", "data-parallel-size": "dp-size",
+    "expert-parallel-size": "ep-size", "ep": "ep-size", "decode-context-parallel-size": "dcp-size",
+    "attention-data-parallel-size": "attn-dp-size", "attention-context-parallel-size": "attn-cp-size",
+    "moe-data-parallel-size": "moe-dp-size", "model": "model-path", "nccl-init-addr": "dist-init-addr",
+    "enable-hicache": "enable-hierarchical-cache", "context-bucket": "cuda-graph-prefill-max-context",
+    "speculative-draft-model": "speculative-draft-model-path", "grpc-http-sidecar-port": "smg-http-sidecar-port",
+    "hierarchical-sparse-attention-extra-config": "hisparse-config",
+}
 
 TRTLLM_VERSION = "1.2.1"
-TRTLLM_TYPES: dict[str, Any] = {  # TorchLlmArgs keys of the --config YAML
+# Every field of TorchLlmArgs (BaseLlmArgs and its PyTorch-backend fields): the keys trtllm-serve's --config
+# YAML may hold. BaseLlmArgs and the nested configs below are pydantic StrictBaseModels (extra="forbid"), so
+# an unknown key makes the server fail at start; llmopt refuses it at plan time. Read from
+# tensorrt_llm/llmapi/llm_args.py of the TensorRT-LLM repository (main at commit 0004396, 2026): the 1.2.1
+# wheel cannot be read here (its PyPI entry is a stub that downloads from NVIDIA's index). Fields added on
+# main after 1.2.1 pass this table and fail at start; ``sampler_type``, removed on main, is a 1.2 field.
+TRTLLM_FIELDS = frozenset("""
+allreduce_strategy attention_dp_config attn_backend backend batch_wait_max_tokens_ratio batch_wait_timeout_iters
+batch_wait_timeout_ms batched_logits_processor cache_transceiver_config checkpoint_format checkpoint_io_policy
+checkpoint_loader context_parallel_size cp_config cuda_graph_config custom_tokenizer decoding_config
+disable_mm_encoder disable_overlap_scheduler dtype dwdp_config enable_attention_dp enable_autotuner
+enable_chunked_prefill enable_early_first_token_response enable_encoder_decoder_mixed_cuda_graph
+enable_energy_metrics enable_in_graph_sampling enable_iter_perf_stats enable_iter_req_stats
+enable_layerwise_nvtx_marker enable_lm_head_tp_in_adp enable_lora enable_low_latency_host_dispatch
+enable_min_latency enable_mla_skip_correction enable_resource_governor enable_speculative_beam_history_d2h
+encode_only encoder_cuda_graph_config encoder_max_batch_size encoder_max_num_tokens env_overrides
+force_dynamic_quantization garbage_collection_gen0_threshold gather_generation_logits generation_config
+gms_config gpus_per_node guided_decoding_backend iter_stats_max_iterations kv_cache_compression_config
+kv_cache_config kv_connector_config layer_wise_benchmarks_config load_format lora_config max_batch_size
+max_beam_width max_input_len max_num_tokens max_seq_len max_stats_len mla_skip_correction_threshold
+mm_encoder_only model model_kwargs moe_cluster_parallel_size moe_config moe_expert_parallel_size
+moe_tensor_parallel_size multimodal_config mx_config num_postprocess_workers num_serve_frontends
+nvfp4_gemm_config orchestrator_type otlp_traces_endpoint peft_cache_config perf_metrics_max_requests
+perf_metrics_output_dir pipeline_parallel_size post_processor_hook postprocess_tokenizer_dir pp_partition
+prefill_capture_num_tokens prefill_cuda_graph_backend print_iter_log prometheus_metrics_config
+ray_placement_config ray_worker_extension_cls ray_worker_nsight_options reasoning_parser reorder_policy_config
+request_stats_max_iterations return_perf_metrics revision sampler_force_async_worker sampler_type
+scheduler_config skip_tokenizer_init sleep_config sparse_attention_config speculative_config stream_interval
+telemetry_config tensor_parallel_size tokenizer tokenizer_mode tokenizer_revision torch_compile_config
+trust_remote_code use_cute_dsl_bf16_bmm use_cute_dsl_bf16_gemm use_cute_dsl_blockscaling_bmm
+use_cute_dsl_blockscaling_mm use_fine_grained_sync
+""".split())
+# the fields of the nested configs (KvCacheConfig, CudaGraphConfig in its decode and encode modes, MoeConfig,
+# SchedulerConfig, AttentionDpConfig, TorchCompileConfig) of the same llm_args.py
+TRTLLM_NESTED_FIELDS: dict[str, frozenset] = {
+    "kv_cache_config": frozenset("""
+attention_dp_events_gather_period_ms avg_seq_len block_reuse_config copy_on_partial_reuse cross_kv_cache_fraction
+disk_cache_path disk_cache_size disk_prefetch_num_reqs dtype enable_block_reuse enable_kv_pool_rebalance
+enable_partial_reuse enable_swa_scratch_reuse event_buffer_max_size fp8_context_mla_kv_len_cap
+free_gpu_memory_fraction host_cache_size iteration_stats_interval kv_cache_event_hash_algo kv_events_config
+kv_pool_rebalance_check_interval kv_pool_rebalance_cooldown_secs kv_pool_rebalance_min_sampled_kv_caches
+kv_pool_rebalance_moving_average_decay kv_pool_rebalance_ratio_threshold
+kv_pool_rebalance_target_ratio_update_interval mamba_ssm_cache_dtype mamba_ssm_philox_rounds
+mamba_ssm_stochastic_rounding mamba_state_cache_interval mamba_state_config max_attention_window
+max_gpu_total_bytes max_tokens max_util_for_resume pool_ratio secondary_offload_min_priority sink_token_length
+tokens_per_block use_kv_cache_manager_v2 use_uvm
+""".split()),
+    "cuda_graph_config": frozenset("batch_sizes enable_padding max_batch_size max_num_token max_seq_len mode "
+                                   "num_tokens seq_lens".split()),
+    "moe_config": frozenset("backend disable_finalize_fusion load_balancer max_num_tokens "
+                            "use_low_precision_moe_combine".split()),
+    "scheduler_config": frozenset("capacity_scheduler_policy context_chunking_policy dynamic_batch_config "
+                                  "enable_prefix_aware_scheduling use_python_scheduler waiting_queue_policy".split()),
+    "attention_dp_config": frozenset("""
+batching_wait_iters enable_balance enable_kv_cache_aware_routing kv_cache_routing_account_for_in_transfer
+kv_cache_routing_cold_start_warmup kv_cache_routing_conversation_affinity kv_cache_routing_fair_share_multiplier
+kv_cache_routing_load_balance_weight kv_cache_routing_match_rate_threshold kv_cache_routing_max_sessions
+kv_cache_routing_new_conv_placement timeout_iters
+""".split()),
+    "torch_compile_config": frozenset("capture_num_tokens enable_fullgraph enable_inductor enable_piecewise_cuda_graph "
+                                      "enable_userbuffers max_num_streams".split()),
+}
+TRTLLM_TYPES: dict[str, Any] = {  # value types of the keys llmopt writes or users commonly set
     "dtype": ("auto", "float16", "bfloat16", "float32"),
     "max_batch_size": int, "max_num_tokens": int, "max_seq_len": int, "max_beam_width": int,
     "tensor_parallel_size": int, "pipeline_parallel_size": int, "context_parallel_size": int,
-    "moe_expert_parallel_size": int, "moe_cluster_parallel_size": int, "gpus_per_node": int,
+    "moe_expert_parallel_size": int, "moe_tensor_parallel_size": int, "gpus_per_node": int,
     "enable_attention_dp": bool, "disable_overlap_scheduler": bool, "enable_chunked_prefill": bool,
-    "trust_remote_code": bool, "attn_backend": ("TRTLLM", "FLASHINFER", "VANILLA", "FLASHINFER_STAR_ATTENTION"),
+    "trust_remote_code": bool, "attn_backend": str,
     "print_iter_log": bool, "stream_interval": int, "num_postprocess_workers": int,
-    "kv_cache_config": {"free_gpu_memory_fraction": float, "enable_block_reuse": bool, "dtype": ("auto", "fp8"),
+    "kv_cache_config": {"free_gpu_memory_fraction": float, "enable_block_reuse": bool, "dtype": str,
                         "max_tokens": int, "host_cache_size": int, "enable_partial_reuse": bool},
     "cuda_graph_config": {"enable_padding": bool, "max_batch_size": int, "batch_sizes": list},
     "moe_config": {"backend": str, "max_num_tokens": int},
-    "speculative_config": dict, "scheduler_config": dict, "sampler_type": str,
+    "scheduler_config": {}, "attention_dp_config": {}, "torch_compile_config": {},
+    "speculative_config": dict, "sampler_type": str,
 }
 
 VLLM_VERSION = "0.33.0"

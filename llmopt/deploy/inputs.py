@@ -62,7 +62,8 @@ def checkpoint_quantization(model_dir: Path) -> dict | None:
     if modelopt.is_file():
         data = json.loads(modelopt.read_text()).get("quantization", {})
         return {"quant_method": "modelopt", "quant_algo": data.get("quant_algo"),
-                "kv_cache_quant_algo": data.get("kv_cache_quant_algo")}
+                "kv_cache_quant_algo": data.get("kv_cache_quant_algo"),
+                "quantized_layers": data.get("quantized_layers")}
     return None
 
 
@@ -91,18 +92,20 @@ def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int,
         max_num_batched_tokens=batched, eager=eager, where=where)
 
 
-def plan_problems(options, ctx, kv_cache_dtype: str, eager: bool = False) -> list[Problem]:
-    """Plan-time checks every GPU engine shares: a target GPU, the context length, the memory model."""
+def plan_estimate(options, ctx, kv_cache_dtype: str, eager: bool = False
+                  ) -> tuple[list[Problem], memory.MemoryPlan | None]:
+    """Plan-time checks every GPU engine shares (a target GPU, the context length, the memory model) and
+    the memory model's plan from the estimated weights, or None when it cannot run."""
     recipe = ctx.recipe.recipe
     if ctx.gpu is None:
         if recipe.target.gpu:  # an unknown GPU name is already an error of its own
-            return []
+            return [], None
         return [Problem(f"{recipe.serve.backend} launch configs are written for a GPU, but [target] names none",
-                        ctx.recipe.where("target"), GPU_ENGINES_NEED_GPU)]
+                        ctx.recipe.where("target"), GPU_ENGINES_NEED_GPU)], None
     info = ctx.model
     if info is None:
         return [Problem("model facts unknown: the memory model runs when the artifact is written",
-                        ctx.where(), severity="warning")]
+                        ctx.where(), severity="warning")], None
     problems = []
     if info.max_position and recipe.serve.max_model_len > info.max_position:
         problems.append(Problem(f"max_model_len {recipe.serve.max_model_len} exceeds the model's context of "
@@ -113,9 +116,39 @@ def plan_problems(options, ctx, kv_cache_dtype: str, eager: bool = False) -> lis
         planned = memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options,
                               estimated_weight_bytes(ctx.recipe, info), "estimate", kv, ctx.where(), eager)
     except UsageError as exc:
-        return problems + [Problem(exc.what, exc.where, exc.fix)]
+        return problems + [Problem(exc.what, exc.where, exc.fix)], None
     problems += [Problem(w, ctx.where("workload"), severity="warning") for w in planned.warnings]
-    return problems
+    return problems, planned
+
+
+def plan_quantization(ctx) -> dict | None:
+    """The quantization the served checkpoint states, when the plan knows it: the source's own when no step
+    compresses it (a pre-quantized checkpoint served as it is); None otherwise (read at render time)."""
+    recipe = ctx.recipe.recipe
+    if recipe.compress:
+        return None
+    if ctx.model is not None and ctx.model.quantization:
+        return ctx.model.quantization
+    source = Path(recipe.model.source).expanduser()
+    folder = source if source.is_absolute() else Path(ctx.recipe.path).parent / source
+    return checkpoint_quantization(folder) if folder.is_dir() else None
+
+
+def gpu_problems(engine: str, sizes: dict[str, int], count: int, where: str) -> list[Problem]:
+    """The config reserves more GPUs than [target] has (``sizes``: the parallel sizes that multiply)."""
+    gpus = reserved(sizes)
+    if gpus <= count:
+        return []
+    product = " x ".join(f"{k} {v}" for k, v in sizes.items() if v != 1) or "1"
+    return [Problem(f"the {engine} config reserves {gpus} GPUs per replica ({product}), but [target] count is "
+                    f"{count}", where, f"raise [target] count to {gpus} or lower the parallel sizes")]
+
+
+def reserved(sizes: dict[str, int]) -> int:
+    gpus = 1
+    for value in sizes.values():
+        gpus *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    return gpus
 
 
 def summary(planned: memory.MemoryPlan) -> str:

@@ -1,9 +1,11 @@
 """ONNX Runtime GenAI launch configs: session options for the target and ``llmopt serve``.
 
-The artifact's ONNX model (``[export] format = "onnx"``) carries a ``genai_config.json``.
-This backend writes the overlay that adapts it to the target: the execution provider
-(CUDA when [target] names a GPU, else CPU), thread count and ``search.max_length``
-(``serve.max_model_len``, at most the model's context). The overlay is checked with
+The artifact's ONNX model (``[export] format = "onnx"``) carries a ``genai_config.json`` whose
+session options name the execution provider the graph was built for, with its options (e.g.
+``enable_cuda_graph``). This backend serves the graph on that provider and keeps its options;
+a ``provider`` the graph was not built for is refused (the export chooses it). The overlay adds
+the thread count and ``search.max_length`` (``serve.max_model_len``, at most the model's
+context). The overlay is checked with
 onnxruntime-genai's own ``Config.overlay`` when it is installed, and ``launch.sh`` serves
 the model with it through ``llmopt serve`` (an OpenAI-compatible server).
 Needs: pyyaml (the ``deploy`` extra); onnxruntime-genai to validate (the ``ort`` extra).
@@ -22,7 +24,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import PlanContext, StageContext
 from llmopt.libraries import package_version
 from llmopt.deploy import files
 from llmopt.deploy.compat import YES, Rule
@@ -33,6 +35,7 @@ from llmopt.registry import register
 # onnxruntime-genai's model builder 0.18): AutoAWQ / AutoGPTQ int4 folders (compressed-tensors W4A16 repacked
 # into that layout), compressed-tensors FP8 / NVFP4 on the CUDA execution provider only, ORT INT8, and the
 # ONNX models it builds. The onnx export declares what its builder takes, option by option.
+GPU_PROVIDERS = ("cuda", "NvTensorRtRtx")  # execution providers of an NVIDIA GPU
 CUDA_FP8 = Rule("yes", "FP8 ONNX models run only on the CUDA execution provider", needs_gpu=True)
 CUDA_NVFP4 = Rule("yes", "NVFP4 ONNX models run only on the CUDA execution provider", needs_gpu=True)
 ACCEPTS: dict[formats.Format, Rule] = {
@@ -55,9 +58,10 @@ ACCEPTS: dict[formats.Format, Rule] = {
 }
 
 
-class OrtOptions(Options):
+class OrtOptions(files.DeploymentOptions):
     provider: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Execution provider; auto: cuda when [target] names a GPU, else cpu.")
+        "auto", description="Execution provider; auto: the one the graph was built for ([export] "
+        "execution_provider); another is refused.")
     intra_op_num_threads: int | None = Field(
         None, ge=1, description="CPU threads of one operator (default: ONNX Runtime's choice).")
     max_queue: int = Field(16, ge=0, description="Requests that may wait while one generates (llmopt serve --max-queue).")
@@ -67,15 +71,20 @@ class OrtOptions(Options):
         "kubernetes.yaml are written too.")
 
 
-def provider_of(options: OrtOptions, gpu) -> str:
-    return options.provider if options.provider != "auto" else ("cuda" if gpu is not None else "cpu")
+def built_for(genai_config: dict) -> str:
+    """The execution provider the graph was built for: the first of its session's provider_options
+    (onnxruntime-genai's model builder writes the EP it built for there; none: the CPU)."""
+    providers = genai_config.get("model", {}).get("decoder", {}).get("session_options", {}).get("provider_options")
+    return next(iter(providers[0]), "cpu") if providers and isinstance(providers[0], dict) else "cpu"
 
 
-def overlay(options: OrtOptions, provider: str, max_length: int) -> dict:
-    session: dict = {"provider_options": [{"cuda": {}}] if provider == "cuda" else []}
+def overlay(options: OrtOptions, max_length: int) -> dict:
+    """What the deploy changes: threads and the longest sequence. The provider and its options stay the
+    export's (the overlay replaces a list it names, so it names none)."""
+    top: dict = {"search": {"max_length": max_length}}
     if options.intra_op_num_threads:
-        session["intra_op_num_threads"] = options.intra_op_num_threads
-    return {"model": {"decoder": {"session_options": session}}, "search": {"max_length": max_length}}
+        top["model"] = {"decoder": {"session_options": {"intra_op_num_threads": options.intra_op_num_threads}}}
+    return top
 
 
 def merge(base: dict, top: dict) -> dict:
@@ -130,6 +139,21 @@ class OrtServe:
         if exported != "onnx":
             problems.append(Problem(f"serve.backend = \"ort\" serves ONNX models, but the recipe exports {exported!r}",
                                     ctx.where("backend"), "set [export] format = \"onnx\""))
+        else:
+            ep = getattr(ctx.recipe.options_for("export", None), "execution_provider", None)
+            if options.provider != "auto" and ep and ep != options.provider:
+                problems.append(ctx.problem(f"provider \"{options.provider}\" is not the one the graph is built for: "
+                                            f"[export] execution_provider = \"{ep}\"", "provider",
+                                            hint=f"leave provider = \"auto\", or export with execution_provider = "
+                                            f"\"{options.provider}\""))
+            elif ep == "cpu" and ctx.gpu is not None:
+                problems.append(ctx.problem(f"the graph is built for the cpu execution provider: it is served on the "
+                                            f"CPU although [target] names {ctx.gpu.name}", "provider",
+                                            hint="export with execution_provider = \"cuda\" to serve it on the GPU",
+                                            severity="warning"))
+            elif ep in GPU_PROVIDERS and ctx.gpu is None:
+                problems.append(ctx.problem(f"the graph is built for the {ep} execution provider, but [target] names "
+                                            "no GPU", "provider", hint="set [target] gpu"))
         if options.provider == "cuda" and ctx.gpu is None:
             problems.append(ctx.problem("provider \"cuda\" needs a GPU, but [target] names none", "provider",
                                         hint="set [target] gpu, or provider = \"cpu\""))
@@ -144,23 +168,32 @@ class OrtServe:
         base = json.loads(config_path.read_text())
         context = base.get("model", {}).get("context_length")
         max_length = min(recipe.serve.max_model_len, context) if context else recipe.serve.max_model_len
-        provider = provider_of(options, ctx.gpu)
-        top = overlay(options, provider, max_length)
+        provider = built_for(base)
+        if options.provider not in ("auto", provider):
+            raise StageFailed(f"the ONNX model was built for the {provider} execution provider, not "
+                              f"{options.provider}", where="serve.provider",
+                              fix=f"leave provider = \"auto\", or export with execution_provider = "
+                              f"\"{options.provider}\"")
+        top = overlay(options, max_length)
         text = json.dumps(top, indent=2)
         validation = validate(model_dir, text)
         if not validation["ok"]:
             raise StageFailed(f"{validation['validated_by']} refused the overlay: {validation['errors'][0]}",
                               where="serve", fix="adjust the [serve] options")
         (folder / "genai_config.overlay.json").write_text(text + "\n")
-        (folder / "genai_config.json").write_text(json.dumps(merge(base, top), indent=2) + "\n")
+        merged = merge(base, top)
+        (folder / "genai_config.json").write_text(json.dumps(merged, indent=2) + "\n")
         serve_args = ["--host", "0.0.0.0", "--port", str(options.port), "--max-model-len", str(max_length),
                       "--model-name", recipe.name, "--max-queue", str(options.max_queue)]
-        launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port,
-                              1 if provider == "cuda" else 0)
+        weights = sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.name.endswith((".onnx", ".onnx.data")))
+        gpus = 1 if provider in GPU_PROVIDERS else 0
+        launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port, gpus,
+                              options, host_memory_gib=0 if gpus else files.gib_of(weights))
         written = files.write_all(folder, launch, script=script(serve_args))
         command = " ".join(["llmopt", "serve", ".", *(shlex.quote(a) for a in serve_args)])
         return {"engine": "ort", "engine_version": package_version("onnxruntime-genai"), "command": command,
                 "launch": "deploy/ort/launch.sh", "image": options.image, "port": options.port,
                 "files": [f"deploy/ort/{f}" for f in ["genai_config.overlay.json", "genai_config.json", *written]],
-                "provider": provider, "session_options": top["model"]["decoder"]["session_options"],
+                "served_model_name": recipe.name, "gpus": gpus, "provider": provider,
+                "session_options": merged["model"]["decoder"].get("session_options", {}),
                 "max_length": max_length, "validated_by": validation["validated_by"]}

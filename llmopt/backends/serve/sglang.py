@@ -3,9 +3,12 @@
 The memory model (``llmopt.memory``) picks ``--tp-size``, ``--max-running-requests``,
 ``--chunked-prefill-size`` and ``--mem-fraction-static`` (weights plus KV pool as a share
 of the GPU; the rest is left for activations and CUDA graphs) for the recipe's target GPU,
-``--context-length`` and workload. SGLang reads compressed-tensors, AWQ and GPTQ
-quantization from config.json by itself; ModelOpt checkpoints get ``--quantization``.
-Options are checked against the flag table of SGLang 0.5.23 (SGLang is not installed).
+``--context-length`` and workload; ``extra_args`` are laid over them (``llmopt.deploy.extras``).
+SGLang reads compressed-tensors, AWQ and GPTQ quantization from config.json by itself;
+ModelOpt checkpoints get the ``--quantization`` SGLang 0.5.23 maps their ``quant_algo`` to, and
+one it cannot load is refused. Expert parallelism stays inside the tensor-parallel group, as
+SGLang defines it. Options are checked against the flag table of SGLang 0.5.23 (SGLang is not
+installed).
 Needs: pyyaml (the ``deploy`` extra).
 Produces: ``deploy/sglang/launch.sh``, ``docker-compose.yaml`` and ``kubernetes.yaml``
 (image ``lmsysorg/sglang``); the arguments are in the manifest's deploy record.
@@ -18,17 +21,19 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
-from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.deploy import files, flags, inputs
+from llmopt.backends.base import PlanContext, StageContext
+from llmopt.deploy import extras, files, flags, inputs
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
 
 # What SGLang 0.5.23 loads, from its support matrix as summarised in DESIGN.md ("What serves what") and its
 # quantization configs: compressed-tensors WNA16 takes 4- and 8-bit weights (WNA16_SUPPORTED_TYPES_MAP) on
-# Marlin kernels; the ModelOpt loader (modelopt_quant.py) takes FP8 (Hopper) and NVFP4 (Blackwell) checkpoints
-# and raises for any other quant_algo.
+# Marlin kernels; the ModelOpt loaders (modelopt_quant.py) take FP8 (from CC 8.9), NVFP4 (native on Blackwell),
+# MXFP8 and mixed-precision checkpoints and raise for any other quant_algo (``MODELOPT_METHODS`` below).
 MARLIN = Rule("yes", "Marlin int4 kernels need CC 8.0", (8, 0))
+MODELOPT_LOADS = ("SGLang 0.5.23's ModelOpt loaders take FP8, NVFP4 (also W4A16_NVFP4, NVFP4_AWQ), MXFP8 and "
+                  "mixed-precision checkpoints")
 BLACKWELL = Rule("yes", "NVFP4 needs Blackwell (CC 10.0+)", (10, 0))
 NOT_ONNX = Rule("no", "SGLang does not serve ONNX models", fix="use serve.backend = \"ort\"")
 ACCEPTS: dict[formats.Format, Rule] = {
@@ -43,16 +48,31 @@ ACCEPTS: dict[formats.Format, Rule] = {
     formats.CT_FP8: Rule("yes", "FP8 W8A8 compute needs CC 8.9; from 8.0 it runs weight-only", (8, 0), (8, 9)),
     formats.CT_NVFP4: BLACKWELL,
     formats.CT_NVFP4A16: BLACKWELL,
-    formats.MODELOPT_FP8: Rule("yes", "SGLang's modelopt_fp8 needs Hopper (CC 9.0+)", (9, 0)),
+    # ModelOptFp8Config.get_min_capability() is 89 in SGLang 0.5.23
+    formats.MODELOPT_FP8: Rule("yes", "SGLang's modelopt_fp8 needs CC 8.9 (Ada, Hopper, Blackwell)", (8, 9)),
     formats.MODELOPT_NVFP4: BLACKWELL,
-    formats.MODELOPT_INT4_AWQ: Rule("undocumented", "SGLang does not document ModelOpt INT4 AWQ checkpoints"),
-    formats.MODELOPT_INT8_SQ: Rule("no", "SGLang's ModelOpt loader takes FP8 and NVFP4 checkpoints only, not INT8 "
-                                   "SmoothQuant", fix="use int8_sq (compressed-tensors INT8 W8A8) for SGLang"),
+    formats.MODELOPT_INT4_AWQ: Rule("no", MODELOPT_LOADS + ", not INT4 AWQ",
+                                    fix="use awq or gptq (compressed-tensors) for SGLang, or "
+                                    "serve.backend = \"trtllm\""),
+    formats.MODELOPT_INT8_SQ: Rule("no", MODELOPT_LOADS + ", not INT8 SmoothQuant",
+                                   fix="use int8_sq (compressed-tensors INT8 W8A8) for SGLang"),
     formats.ONNX_INT4: NOT_ONNX, formats.ONNX_INT8: NOT_ONNX, formats.ONNX_FLOAT: NOT_ONNX,
 }
+# How SGLang 0.5.23 reads a ModelOpt checkpoint's quant_algo (sglang/srt/configs/model_config.py,
+# _parse_modelopt_quant_config, and the loaders of layers/quantization/modelopt_quant.py): FP8 -> modelopt_fp8;
+# NVFP4, W4A16_NVFP4, NVFP4_AWQ -> modelopt_fp4; MXFP8 -> mxfp8; MIXED_PRECISION -> modelopt_mixed when a layer
+# is NVFP4, else w4afp8. Any other quant_algo (W4A16 / W4A8 AWQ, INT8 SmoothQuant, FP8 per-block or per-channel)
+# falls to ModelOptFp8Config, which raises for everything but FP8.
+MODELOPT_METHODS = {"FP8": "modelopt_fp8", "NVFP4": "modelopt_fp4", "W4A16_NVFP4": "modelopt_fp4",
+                    "NVFP4_AWQ": "modelopt_fp4", "MXFP8": "mxfp8"}
+# the parallel sizes the memory model plans (launch_server's names), and the option that plans each
+PARALLEL = {"tp-size": "tensor_parallel_size", "pp-size": "pipeline_parallel_size", "dp-size": "data_parallel_size"}
+# GPUs of one server: --dp-size replicas of tp x pp ranks (attention DP and EP split the TP ranks: SGLang
+# 0.5.23's runtime_context.derive_parallel_widths, moe_tp_size = tp_size // ep_size // moe_dp_size)
+GPU_KEYS = ("tp-size", "pp-size", "dp-size")
 
 
-class SglangOptions(Options):
+class SglangOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
         None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total (default 0.90); llmopt "
         "turns it into --mem-fraction-static.")
@@ -71,17 +91,65 @@ class SglangOptions(Options):
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Other launch_server options by long name (e.g. {\"schedule-policy\" = "
         "\"lpm\"}); checked against the SGLang flag table.")
+    override: list[str] = Field(
+        default_factory=list, description="Keys of extra_args whose value wins over the one llmopt planned (e.g. "
+        "[\"tp-size\"]: the memory model then plans with it); an extra that contradicts a planned value is "
+        "otherwise an error.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str = Field("lmsysorg/sglang", description="Container image of the deployment files.")
     tag: str = Field(f"v{flags.SGLANG_VERSION}", description="Image tag.")
 
 
-def sglang_quantization(quant: dict | None) -> str | None:
-    """--quantization for ModelOpt checkpoints; SGLang detects the others from config.json."""
+def modelopt_algo(quant: dict | None) -> str | None:
     if not quant or str(quant.get("quant_method", "")).lower() != "modelopt":
         return None
-    algo = str(quant.get("quant_algo") or "").upper()
-    return "modelopt_fp4" if "FP4" in algo else "modelopt_fp8"
+    return str(quant.get("quant_algo") or "").upper()
+
+
+def sglang_quantization(quant: dict | None) -> str | None:
+    """--quantization for a ModelOpt checkpoint (``MODELOPT_METHODS``); SGLang detects the others from
+    config.json, and ``refusal`` names the ModelOpt algorithms it cannot load."""
+    algo = modelopt_algo(quant)
+    if algo == "MIXED_PRECISION":
+        layers = (quant or {}).get("quantized_layers") or {}
+        nvfp4 = any(str(layer.get("quant_algo", "")).upper() in ("NVFP4", "W4A16_NVFP4")
+                    for layer in layers.values() if isinstance(layer, dict))
+        return "modelopt_mixed" if nvfp4 else "w4afp8"
+    return MODELOPT_METHODS.get(algo) if algo else None
+
+
+def refusal(quant: dict | None) -> str | None:
+    """Why SGLang 0.5.23 cannot load the checkpoint's ModelOpt quantization, or None."""
+    algo = modelopt_algo(quant)
+    if algo is None or algo == "MIXED_PRECISION" or algo in MODELOPT_METHODS:
+        return None
+    return f"the checkpoint's ModelOpt quant_algo {algo or '(none)'} cannot be served: {MODELOPT_LOADS}"
+
+
+def canonical(extra: dict) -> dict:
+    """extra_args under launch_server's own names: hyphens, and an alias under the option it spells
+    (``tensor-parallel-size`` is ``tp-size``: ``flags.SGLANG_ALIASES``)."""
+    out = {}
+    for key, value in extra.items():
+        key = key.replace("_", "-")
+        out[flags.SGLANG_ALIASES.get(key, key)] = value
+    return out
+
+
+def overrides(options: SglangOptions) -> list[str]:
+    return list(canonical(dict.fromkeys(options.override)))
+
+
+def effective(options: SglangOptions) -> SglangOptions:
+    """The options the memory model plans with: an overridden parallel size of extra_args wins."""
+    extra, won = canonical(options.extra_args), overrides(options)
+    update = {field: extra[key] for key, field in PARALLEL.items() if key in won and isinstance(extra.get(key), int)
+              and not isinstance(extra[key], bool) and extra[key] >= 1}
+    return options.model_copy(update=update) if update else options
+
+
+def gpu_sizes(args: dict) -> dict[str, int]:
+    return {key: args.get(key, 1) for key in GPU_KEYS}
 
 
 def mem_fraction_static(planned: memory.MemoryPlan) -> float:
@@ -90,8 +158,9 @@ def mem_fraction_static(planned: memory.MemoryPlan) -> float:
     return round(max(0.1, int(share * 100) / 100), 2)
 
 
-def server_args(options: SglangOptions, planned: memory.MemoryPlan, recipe, quant, dtype: str) -> dict:
-    """launch_server options by long name (without the leading --)."""
+def server_args(options: SglangOptions, planned: memory.MemoryPlan, recipe, info, quant, dtype: str
+                ) -> extras.Merged:
+    """launch_server options by long name (without the leading --): the planned ones with extra_args over them."""
     args: dict[str, Any] = {"served-model-name": recipe.name, "dtype": dtype}
     method = sglang_quantization(quant)
     if method:
@@ -107,13 +176,14 @@ def server_args(options: SglangOptions, planned: memory.MemoryPlan, recipe, quan
         "pp-size": planned.pipeline_parallel_size,
         "dp-size": planned.data_parallel_size,
     }
-    if planned.expert_parallel_size > 1:
-        args["ep-size"] = planned.expert_parallel_size
+    tp = planned.tensor_parallel_size
+    if planned.expert_parallel_size > 1 and tp > 1 and info.num_experts % tp == 0:
+        args["ep-size"] = tp  # SGLang's experts are split within the TP group: ep_size divides tp_size
     if not options.enable_prefix_caching:
         args["disable-radix-cache"] = True
     if recipe.model.trust_remote_code:
         args["trust-remote-code"] = True
-    return args | options.extra_args
+    return extras.merge(args, canonical(options.extra_args), overrides(options))
 
 
 def argv(args: dict) -> list[str]:
@@ -137,37 +207,67 @@ class SglangServe:
         return ACCEPTS
 
     def check(self, options: SglangOptions, ctx: PlanContext) -> list[Problem]:
-        errors, _ = validate_engine.check_flags(options.extra_args, flags.SGLANG_TYPES, flags.SGLANG_FLAGS)
-        problems = [Problem(f"SGLang {flags.SGLANG_VERSION} option {e}", ctx.where("extra_args"),
+        extra = canonical(options.extra_args)
+        errors, _ = validate_engine.check_flags(extra, flags.SGLANG_TYPES, flags.SGLANG_FLAGS)
+        problems = [Problem(f"SGLang {flags.SGLANG_VERSION}: {e}", ctx.where("extra_args"),
                             "use a long option name of `python -m sglang.launch_server --help`, without --")
                     for e in errors]
-        kv = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "bfloat16"}.get(options.kv_cache_dtype, "auto")
-        return problems + inputs.plan_problems(options, ctx, kv)
+        quant = inputs.plan_quantization(ctx)
+        if reason := refusal(quant):
+            problems.append(Problem(reason, ctx.where(), "serve it with serve.backend = \"trtllm\" or \"vllm\", or "
+                                    "quantize to a format SGLang loads (modelopt_fp8, modelopt_nvfp4, fp8, awq)"))
+        options = effective(options)
+        found, planned = inputs.plan_estimate(options, ctx, kv_bytes_dtype(options))
+        merged = extras.Merged({})
+        if planned is not None:
+            recipe = ctx.recipe.recipe
+            merged = server_args(options, planned, recipe, ctx.model, quant,
+                                 inputs.model_dtype(recipe, ctx.model, ctx.gpu))
+            found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target.count,
+                                         ctx.where("extra_args"))
+        return problems + found + extras.problems(merged, overrides(options), extra, ctx.where("extra_args"),
+                                                  "extra_args", PARALLEL)
 
     def render(self, options: SglangOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
         if ctx.gpu is None:
             raise UsageError("SGLang launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
+        options = effective(options)
         info, weights, source = inputs.render_facts(ctx, model_dir)
         quant = inputs.checkpoint_quantization(model_dir)
+        if reason := refusal(quant):
+            raise StageFailed(reason, where="serve.backend", fix="serve it with serve.backend = \"trtllm\" or \"vllm\"")
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
-        kv = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "bfloat16"}.get(options.kv_cache_dtype, "auto")
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
-                                     memory.kv_dtype_bytes(kv, info, dtype), "serve")
-        args = server_args(options, planned, recipe, quant, dtype)
+                                     memory.kv_dtype_bytes(kv_bytes_dtype(options), info, dtype), "serve")
+        merged = server_args(options, planned, recipe, info, quant, dtype)
+        extras.refuse(merged, "extra_args")
+        args = merged.config
         validation = validate_engine.validate_table("sglang", args, flags.SGLANG_TYPES, flags.SGLANG_FLAGS,
                                                     flags.SGLANG_VERSION)
-        validation["errors"] += validate_engine.shape_errors(info, planned.tensor_parallel_size, planned.max_model_len,
+        validation["errors"] += validate_engine.shape_errors(info, args.get("tp-size", 1), planned.max_model_len,
                                                              planned.max_num_seqs, planned.max_num_batched_tokens, True)
         if validation["errors"]:
             raise StageFailed("the SGLang arguments fail its flag table: " + "; ".join(validation["errors"]),
                               where="serve", fix="adjust the [serve] options named in the message")
-        launch = files.Launch("sglang", recipe.name, f"{options.image}:{options.tag}",
-                              ["python3", "-m", "sglang.launch_server"],
-                              ["--model-path", "{model}", *argv(args), "--host", "0.0.0.0", "--port", str(options.port)],
-                              options.port, planned.gpus)
+        gpus = inputs.reserved(gpu_sizes(args))
+        launch = files.Launch(
+            "sglang", recipe.name, f"{options.image}:{options.tag}", ["python3", "-m", "sglang.launch_server"],
+            ["--model-path", "{model}", *argv(args), "--host", "0.0.0.0", "--port", str(options.port)],
+            options.port, gpus, options,
+            # SGLang 0.5.23 (sglang/srt/entrypoints/http_server.py): /ready answers whether the server takes
+            # requests; /health runs a one-token generation when idle and may wait SGLANG_HEALTH_CHECK_TIMEOUT
+            # (20 s) for it, so it is the liveness route with a longer timeout. The image (docker/Dockerfile)
+            # has no non-root user: it runs as root.
+            ready_path="/ready", live_path="/health", live_timeout=30)
         written = files.write_all(folder, launch)
         return {"engine": "sglang", "engine_version": flags.SGLANG_VERSION, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/sglang/{f}" for f in written],
-                "args": args, "quantization": args.get("quantization") or (quant or {}).get("quant_method"),
+                "served_model_name": recipe.name, "gpus": gpus, "args": args,
+                "quantization": args.get("quantization") or (quant or {}).get("quant_method"),
                 "memory": planned.to_dict(), "validated_by": validation["validated_by"], "warnings": planned.warnings}
+
+
+def kv_bytes_dtype(options: SglangOptions) -> str:
+    """The KV cache dtype in the memory model's terms."""
+    return {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bf16": "bfloat16"}.get(options.kv_cache_dtype, "auto")

@@ -3,9 +3,11 @@
 The PyTorch backend serves Hugging Face checkpoints (plain or ModelOpt-quantized) without
 an engine build. The memory model (``llmopt.memory``) picks the parallel sizes,
 ``max_batch_size``, ``max_num_tokens`` and the KV cache's share of the memory left after
-the weights and activations (``kv_cache_config.free_gpu_memory_fraction``). The YAML keys
-are ``TorchLlmArgs`` fields, checked against the flag table of TensorRT-LLM 1.2.1
-(TensorRT-LLM itself is not installed by llmopt).
+the weights and activations (``kv_cache_config.free_gpu_memory_fraction``); ``extra`` is merged
+into it deep (``llmopt.deploy.extras``). The YAML keys are ``TorchLlmArgs`` fields, checked
+against the field table of TensorRT-LLM 1.2.1, where an unknown key is an error as it is for
+TensorRT-LLM (TensorRT-LLM itself is not installed by llmopt). trtllm-serve names the model by
+its folder, so the deployment files serve it from a folder named like the recipe.
 Needs: pyyaml (the ``deploy`` extra).
 Produces: ``deploy/trtllm/config.yaml``, ``launch.sh``, ``docker-compose.yaml`` and
 ``kubernetes.yaml`` (image ``nvcr.io/nvidia/tensorrt-llm/release``).
@@ -18,8 +20,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
-from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.deploy import files, flags, inputs
+from llmopt.backends.base import PlanContext, StageContext
+from llmopt.deploy import extras, files, flags, inputs
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -49,9 +51,17 @@ ACCEPTS: dict[formats.Format, Rule] = {
     formats.MODELOPT_INT8_SQ: LEGACY_INT8,
     formats.ONNX_INT4: NOT_ONNX, formats.ONNX_INT8: NOT_ONNX, formats.ONNX_FLOAT: NOT_ONNX,
 }
+# the parallel sizes the memory model plans, and the option that plans each
+PARALLEL = {"tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size"}
+# GPUs of one server: the world size of TensorRT-LLM's _ParallelConfig, tp x pp x cp (llmapi/llm_args.py);
+# attention DP and expert parallelism split the tensor-parallel ranks
+GPU_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
+# NVIDIA's documented `docker run` of the TensorRT-LLM release container (TensorRT-LLM quick start guide):
+# --ulimit memlock=-1 --ulimit stack=67108864 (and --ipc host, for which compose's shm_size stands here)
+ULIMITS = {"memlock": -1, "stack": 67108864}
 
 
-class TrtllmOptions(Options):
+class TrtllmOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
         None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total (default 0.90); llmopt "
         "turns it into kv_cache_config.free_gpu_memory_fraction.")
@@ -70,8 +80,12 @@ class TrtllmOptions(Options):
     enable_attention_dp: bool = Field(False, description="Data-parallel attention (for MoE models at high concurrency).")
     moe_backend: str | None = Field(None, description="moe_config.backend, e.g. CUTLASS, TRTLLM, DEEPGEMM (MoE only).")
     extra: dict[str, Any] = Field(
-        default_factory=dict, description="Other TorchLlmArgs keys merged into config.yaml (checked against the "
-        "flag table where llmopt knows them).")
+        default_factory=dict, description="Other TorchLlmArgs keys merged into config.yaml, deep for tables "
+        "(e.g. {kv_cache_config = {dtype = \"fp8\"}}); unknown keys are errors.")
+    override: list[str] = Field(
+        default_factory=list, description="Keys of extra (dotted for tables, e.g. "
+        "\"kv_cache_config.free_gpu_memory_fraction\") whose value wins over the one llmopt planned; an extra that "
+        "contradicts a planned value is otherwise an error.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str = Field("nvcr.io/nvidia/tensorrt-llm/release", description="Container image of the deployment files.")
     tag: str = Field(flags.TRTLLM_VERSION, description="Image tag.")
@@ -116,7 +130,34 @@ def engine_config(options: TrtllmOptions, planned: memory.MemoryPlan, recipe, dt
         config["moe_config"] = {"backend": options.moe_backend}
     if recipe.model.trust_remote_code:
         config["trust_remote_code"] = True
-    return config | options.extra
+    return config
+
+
+def effective(options: TrtllmOptions) -> TrtllmOptions:
+    """The options the memory model plans with: an overridden parallel size of ``extra`` wins."""
+    update = {field: options.extra[key] for key, field in PARALLEL.items() if key in options.override
+              and isinstance(options.extra.get(key), int) and not isinstance(options.extra[key], bool)
+              and options.extra[key] >= 1}
+    return options.model_copy(update=update) if update else options
+
+
+def merged_config(options: TrtllmOptions, planned: memory.MemoryPlan, recipe, dtype: str,
+                  kv_dtype: str) -> extras.Merged:
+    merged = extras.merge(engine_config(options, planned, recipe, dtype, kv_dtype), options.extra, options.override)
+    graphs, theirs = merged.config.get("cuda_graph_config"), options.extra.get("cuda_graph_config") or {}
+    if isinstance(graphs, dict) and theirs.get("batch_sizes") and "max_batch_size" not in theirs:
+        # with both set, CudaGraphConfig requires max_batch_size == max(batch_sizes) (BaseCudaGraphConfig)
+        graphs["max_batch_size"] = max(theirs["batch_sizes"])
+    return merged
+
+
+def gpu_sizes(config: dict) -> dict[str, int]:
+    return {key: config.get(key, 1) for key in GPU_KEYS}
+
+
+def table_errors(extra: dict) -> list[str]:
+    return validate_engine.check_flags(extra, flags.TRTLLM_TYPES, flags.TRTLLM_FIELDS,
+                                       nested=flags.TRTLLM_NESTED_FIELDS)[0]
 
 
 @register("serve", "trtllm")
@@ -134,36 +175,64 @@ class TrtllmServe:
         if options.moe_backend and ctx.model is not None and not ctx.model.num_experts:
             problems.append(Problem("moe_backend is set but the model has no experts", ctx.where("moe_backend"),
                                     "remove moe_backend", severity="warning"))
-        errors, warnings = validate_engine.check_flags(options.extra, flags.TRTLLM_TYPES)
-        problems += [Problem(f"TensorRT-LLM {flags.TRTLLM_VERSION} option {e}", ctx.where("extra")) for e in errors]
-        problems += [Problem(w, ctx.where("extra"), severity="warning") for w in warnings]
-        return problems + inputs.plan_problems(options, ctx, options.kv_cache_dtype, not options.cuda_graphs)
+        problems += [Problem(f"TensorRT-LLM {flags.TRTLLM_VERSION}: {e}", ctx.where("extra"),
+                             "use a TorchLlmArgs field (TensorRT-LLM's LLM API reference); its models refuse "
+                             "unknown keys") for e in table_errors(options.extra)]
+        options = effective(options)
+        found, planned = inputs.plan_estimate(options, ctx, options.kv_cache_dtype, not options.cuda_graphs)
+        merged = extras.Merged({})
+        if planned is not None:
+            recipe, quant = ctx.recipe.recipe, inputs.plan_quantization(ctx)
+            merged = merged_config(options, planned, recipe, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
+                                   trtllm_kv_dtype(options, quant))
+            found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target.count, ctx.where("extra"))
+        return problems + found + extras.problems(merged, options.override, options.extra, ctx.where("extra"),
+                                                  "extra", PARALLEL)
 
     def render(self, options: TrtllmOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
         if ctx.gpu is None:
             raise UsageError("TensorRT-LLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
+        options = effective(options)
         info, weights, source = inputs.render_facts(ctx, model_dir)
         quant = inputs.checkpoint_quantization(model_dir)
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv_dtype = trtllm_kv_dtype(options, quant)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", not options.cuda_graphs)
-        config = engine_config(options, planned, recipe, dtype, kv_dtype)
-        validation = validate_engine.validate_table("trtllm", config, flags.TRTLLM_TYPES, None, flags.TRTLLM_VERSION)
-        validation["errors"] += validate_engine.shape_errors(info, planned.tensor_parallel_size, planned.max_model_len,
-                                                             planned.max_num_seqs, planned.max_num_batched_tokens, True)
+        merged = merged_config(options, planned, recipe, dtype, kv_dtype)
+        extras.refuse(merged, "extra")
+        config = merged.config
+        validation = validate_engine.validate_table("trtllm", config, flags.TRTLLM_TYPES, flags.TRTLLM_FIELDS,
+                                                    flags.TRTLLM_VERSION, flags.TRTLLM_NESTED_FIELDS)
+        validation["errors"] += validate_engine.shape_errors(info, config.get("tensor_parallel_size", 1),
+                                                             planned.max_model_len, planned.max_num_seqs,
+                                                             planned.max_num_batched_tokens, True)
         if validation["errors"]:
             raise StageFailed("the TensorRT-LLM config fails its flag table: " + "; ".join(validation["errors"]),
                               where="serve", fix="adjust the [serve] options named in the message")
         files.dump_yaml(config, folder / "config.yaml", f"# TensorRT-LLM {flags.TRTLLM_VERSION} TorchLlmArgs for "
                         f"{recipe.name}: `trtllm-serve <model> --backend pytorch --config config.yaml` (written by "
                         f"llmopt; {inputs.summary(planned)}).")
-        launch = files.Launch("trtllm", recipe.name, f"{options.image}:{options.tag}", ["trtllm-serve"],
-                              ["{model}", "--backend", "pytorch", "--config", "{config}/config.yaml",
-                               "--host", "0.0.0.0", "--port", str(options.port)], options.port, planned.gpus)
+        gpus = inputs.reserved(gpu_sizes(config))
+        launch = files.Launch(
+            "trtllm", recipe.name, f"{options.image}:{options.tag}", ["trtllm-serve"],
+            ["{model}", "--backend", "pytorch", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
+             "--port", str(options.port)], options.port, gpus, options,
+            # trtllm-serve's /health asks the executor whether it is alive; /health_generate runs a generation
+            # (tensorrt_llm/serve/openai_server.py, register_routes)
+            ready_path="/health", live_path="/health",
+            # the NGC image's ENTRYPOINT (/opt/nvidia/nvidia_entrypoint.sh of the nvcr.io/nvidia/pytorch base,
+            # docker/Dockerfile.multi) sets up the CUDA environment: the command goes to it as arguments
+            keep_entrypoint=True, ulimits=ULIMITS,
+            # trtllm-serve 1.2.1 has no --served_model_name (added on main by PR #11711, 2026, after the
+            # release/1.2 branch); it names a local model folder by its basename (openai_server.py:
+            # model_dir.name), so the model is served from a folder named like the recipe
+            served_dir=True)
         written = ["config.yaml", *files.write_all(folder, launch)]
-        return {"engine": "trtllm", "engine_version": flags.TRTLLM_VERSION, "command": launch.command("."),
+        return {"engine": "trtllm", "engine_version": flags.TRTLLM_VERSION,
+                "command": "deploy/trtllm/launch.sh", "launch": "deploy/trtllm/launch.sh",
                 "image": launch.image, "port": options.port, "files": [f"deploy/trtllm/{f}" for f in written],
-                "args": config, "quantization": (quant or {}).get("quant_method"), "memory": planned.to_dict(),
+                "served_model_name": recipe.name, "gpus": gpus, "args": config,
+                "quantization": (quant or {}).get("quant_method"), "memory": planned.to_dict(),
                 "validated_by": validation["validated_by"], "warnings": planned.warnings + validation["warnings"]}

@@ -19,13 +19,25 @@ from pydantic import Field
 
 from llmopt import formats
 from llmopt import memory, validate_engine
-from llmopt.backends.base import Options, PlanContext, StageContext
-from llmopt.deploy import files, flags, inputs
+from llmopt.backends.base import PlanContext, StageContext
+from llmopt.deploy import extras, files, flags, inputs
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
 
 SPECULATIVE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+# the config keys of the parallel sizes the memory model plans, and the option that plans each
+PARALLEL = {"tensor-parallel-size": "tensor_parallel_size", "pipeline-parallel-size": "pipeline_parallel_size",
+            "data-parallel-size": "data_parallel_size"}
+# GPUs of one server: vLLM 0.33's ParallelConfig.world_size (tp x pp x prefill context parallel) times the
+# data-parallel ranks (world_size_across_dp), vllm/config/parallel.py
+GPU_KEYS = ("tensor-parallel-size", "pipeline-parallel-size", "prefill-context-parallel-size", "data-parallel-size")
+# the booleans llmopt plans, each a primary `--x` option of vLLM 0.33's EngineArgs
+BOOLEANS = ("enable-chunked-prefill", "enable-prefix-caching", "enable-expert-parallel", "enforce-eager",
+            "trust-remote-code")
+# the image ships a non-root user `vllm` (UID 2000, GID 0, HOME /home/vllm, group-writable caches) that the
+# default image does not switch to (vLLM's docker/Dockerfile, PR #40275, "Non-root support for vllm-openai")
+IMAGE_USER = (2000, 0)
 
 # What vLLM 0.33.0 loads, from its quantization configs: ``get_min_capability`` of each scheme
 # (compressed-tensors W8A8 FP8 89 with a W8A16 FP8 Marlin fallback from 75, WNA16 75 with Marlin
@@ -62,7 +74,7 @@ ACCEPTS: dict[formats.Format, Rule] = {
 }
 
 
-class VllmOptions(Options):
+class VllmOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
         None, gt=0.1, le=0.99, description="Share of each GPU vLLM may use (default 0.90, the memory model's budget).")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
@@ -86,6 +98,10 @@ class VllmOptions(Options):
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Other `vllm serve` options by long name (e.g. {\"block-size\" = 32}); "
         "checked against the vLLM flag table.")
+    override: list[str] = Field(
+        default_factory=list, description="Keys of extra_args whose value wins over the one llmopt planned (e.g. "
+        "[\"tensor-parallel-size\"]: the memory model then plans with it); an extra that contradicts a planned "
+        "value is otherwise an error.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str = Field("vllm/vllm-openai", description="Container image of docker-compose.yaml and kubernetes.yaml.")
     tag: str = Field(f"v{flags.VLLM_VERSION}", description="Image tag.")
@@ -129,9 +145,49 @@ def speculative_config(options: VllmOptions) -> dict | None:
     return spec
 
 
+def canonical(extra: dict) -> dict:
+    """extra_args in vLLM's own spelling: long option names with hyphens, and a negation of a boolean llmopt
+    plans (``no-x = true``, or ``disable-x = true`` of an ``--enable-x`` / ``--disable-x`` pair) as ``x = false``,
+    so it meets the planned key it changes. Those keys are primary options with a ``--no-x`` form, so ``x = false``
+    reaches vLLM (vLLM 0.33's BooleanOptionalAction, EnableDisableAction and load_config_file in
+    vllm/utils/argparse_utils.py); other negations are kept as written."""
+    out = {}
+    for key, value in extra.items():
+        key = key.replace("_", "-")
+        positive = key[3:] if key.startswith("no-") else f"enable-{key[8:]}" if key.startswith("disable-") else None
+        if isinstance(value, bool) and positive in BOOLEANS:
+            key, value = positive, not value
+        out[key] = value
+    return out
+
+
+def overrides(options: VllmOptions) -> list[str]:
+    """The override entries in the same spelling as the keys of ``canonical``."""
+    return [next(iter(canonical({name: True}))) for name in options.override]
+
+
+def effective(options: VllmOptions) -> VllmOptions:
+    """The options the memory model plans with: an overridden parallel size of extra_args wins."""
+    extra, won = canonical(options.extra_args), overrides(options)
+    update = {field: extra[key] for key, field in PARALLEL.items() if key in won and isinstance(extra.get(key), int)
+              and not isinstance(extra[key], bool) and extra[key] >= 1}
+    return options.model_copy(update=update) if update else options
+
+
+def gpu_sizes(config: dict) -> dict[str, int]:
+    return {key: config.get(key, 1) for key in GPU_KEYS}
+
+
+def merged_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quant: dict | None, dtype: str,
+                  kv_dtype: str, gpu) -> extras.Merged:
+    """The planned config with extra_args laid over it (``llmopt.deploy.extras``)."""
+    config = engine_config(options, planned, recipe, quant, dtype, kv_dtype, gpu)
+    return extras.merge(config, canonical(options.extra_args), overrides(options))
+
+
 def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quant: dict | None, dtype: str,
                   kv_dtype: str, gpu) -> dict:
-    """The keys of config.yaml (vLLM's long option names)."""
+    """The keys of config.yaml that llmopt plans (vLLM's long option names)."""
     config: dict[str, Any] = {"served-model-name": recipe.name, "dtype": dtype}
     method = vllm_quantization(quant, gpu)
     if method:
@@ -158,7 +214,7 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
     spec = speculative_config(options)
     if spec:
         config["speculative-config"] = spec
-    return config | options.extra_args
+    return config
 
 
 @register("serve", "vllm")
@@ -172,9 +228,10 @@ class VllmServe:
         return ACCEPTS
 
     def check(self, options: VllmOptions, ctx: PlanContext) -> list[Problem]:
+        extra = canonical(options.extra_args)
         problems = [Problem(f"unknown vLLM {flags.VLLM_VERSION} option {name!r}", ctx.where("extra_args"),
                             "use a long option name of `vllm serve --help`, without the leading --")
-                    for name in options.extra_args if name.replace("_", "-") not in flags.VLLM_FLAGS]
+                    for name in extra if name not in flags.VLLM_FLAGS]
         if options.speculative_method in ("eagle", "eagle3", "draft_model") and not options.speculative_model:
             problems.append(Problem(f"speculative_method {options.speculative_method!r} needs a draft model",
                                     ctx.where("speculative_model"), "set speculative_model to its path or hub id"))
@@ -183,20 +240,31 @@ class VllmServe:
             problems.append(Problem("without chunked prefill, max_num_batched_tokens must hold a whole prompt of "
                                     "max_model_len tokens", ctx.where("max_num_batched_tokens"),
                                     "raise it to max_model_len or enable chunked prefill"))
-        kv = options.kv_cache_dtype
-        return problems + inputs.plan_problems(options, ctx, kv, options.enforce_eager)
+        options = effective(options)
+        found, planned = inputs.plan_estimate(options, ctx, options.kv_cache_dtype, options.enforce_eager)
+        merged = extras.Merged({})
+        if planned is not None:
+            recipe, quant = ctx.recipe.recipe, inputs.plan_quantization(ctx)
+            merged = merged_config(options, planned, recipe, quant, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
+                                   kv_cache_dtype(options, quant), ctx.gpu)
+            found += inputs.gpu_problems("vllm", gpu_sizes(merged.config), recipe.target.count, ctx.where("extra_args"))
+        found += extras.problems(merged, overrides(options), extra, ctx.where("extra_args"), "extra_args", PARALLEL)
+        return problems + found
 
     def render(self, options: VllmOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
         if ctx.gpu is None:
             raise UsageError("vLLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
+        options = effective(options)
         info, weights, source = inputs.render_facts(ctx, model_dir)
         quant = inputs.checkpoint_quantization(model_dir)
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv_dtype = kv_cache_dtype(options, quant)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager)
-        config = engine_config(options, planned, recipe, quant, dtype, kv_dtype, ctx.gpu)
+        merged = merged_config(options, planned, recipe, quant, dtype, kv_dtype, ctx.gpu)
+        extras.refuse(merged, "extra_args")
+        config = merged.config
         files.dump_yaml(config, folder / "config.yaml", f"# vLLM {flags.VLLM_VERSION} engine arguments for "
                         f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; "
                         f"{inputs.summary(planned)}).")
@@ -205,11 +273,15 @@ class VllmServe:
             raise StageFailed(f"{validation['validated_by']} refused the vLLM config: "
                               + "; ".join(validation["errors"]), where=str(folder / "config.yaml"),
                               fix="adjust the [serve] options (or extra_args) named in the message")
+        gpus = inputs.reserved(gpu_sizes(config))
+        # vLLM's /health answers 503 once the engine is dead, and the server listens only after the engine is up
+        # (vllm/entrypoints/serve/instrumentator/health.py): one route for readiness and liveness
         launch = files.Launch("vllm", recipe.name, f"{options.image}:{options.tag}", ["vllm", "serve"],
                               ["{model}", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
-                               "--port", str(options.port)], options.port, planned.gpus)
+                               "--port", str(options.port)], options.port, gpus, options, user=IMAGE_USER)
         written = ["config.yaml", *files.write_all(folder, launch)]
         return {"engine": "vllm", "engine_version": flags.VLLM_VERSION, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/vllm/{f}" for f in written],
-                "args": config, "quantization": config.get("quantization"), "memory": planned.to_dict(),
+                "served_model_name": recipe.name, "gpus": gpus, "args": config,
+                "quantization": config.get("quantization"), "memory": planned.to_dict(),
                 "validated_by": validation["validated_by"], "warnings": planned.warnings}
