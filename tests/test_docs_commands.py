@@ -68,6 +68,10 @@ NOT_RUN = {
     "llmopt sweep my.toml --executor ray --address auto --cache-dir /shared/llmopt-cache -o /shared/sweeps/my":
         "joins a running Ray cluster (`--address auto`) and writes to a folder its machines share; "
         "tests/test_sweep.py runs the Ray executor on a local cluster and compares its table with the local one's",
+    "llmopt sweep recipes/sweep-onnx-cpu.toml":
+        "runs the shipped sweep's 12 variants, about ten minutes on two cores; the next command runs four of them "
+        "(RTN) on the demo model through the same planner and runner, and tests/test_sweep.py runs whole sweeps, "
+        "the chosen variant's artifact and a resumed sweep on a four-layer model",
     "make vllm-env": "installs vLLM 0.33.0 into .test-envs/vllm from PyPI; tests/test_serve_vllm_engine.py runs it",
     "LLMOPT_VLLM_PYTHON=.test-envs/vllm/bin/python llmopt run recipes/smollm2-vllm-h100.toml": VLLM_ENV,
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,
