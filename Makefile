@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/llmopt run recipes/quickstart.toml
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -33,7 +33,8 @@ def train_tokenizer(folder: Path, vocab_size: int = 512) -> None:
     fast.save_pretrained(folder)
 
 
-def make_tiny_llama(folder: Path, hidden: int = 64, layers: int = 2, intermediate: int = 128, seed: int = 0) -> Path:
+def make_tiny_llama(folder: Path, hidden: int = 64, layers: int = 2, intermediate: int = 128, seed: int = 0,
+                    context: int = 512) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -41,7 +42,7 @@ def make_tiny_llama(folder: Path, hidden: int = 64, layers: int = 2, intermediat
     train_tokenizer(folder)
     tok = AutoTokenizer.from_pretrained(folder)
     config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=512,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=context,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          tie_word_embeddings=True)
     torch.manual_seed(seed)

@@ -14,7 +14,7 @@ import yaml
 from llmopt import api
 from llmopt.cli.main import main
 
-from conftest import tiny_recipe, write_recipe
+from conftest import make_tiny_llama, tiny_recipe, write_recipe
 
 SERVE = """
 [target]
@@ -216,12 +216,17 @@ def test_every_shipped_serve_recipe_gets_deploy_configs(tmp_path, monkeypatch):
     monkeypatch.delenv("LLMOPT_VLLM_PYTHON", raising=False)
     shipped = [r for r in api.shipped_recipes() if "[serve]" in Path(r["path"]).read_text()]
     assert len(shipped) >= 2
-    # the recipes as shipped, with less calibration data and no evals: this test is about the deploy files,
-    # the compression and the gates are tested on their own (and the quickstart end to end)
+    # the recipes as shipped on a small model of the same family (every width a multiple of 128, so each
+    # group size divides it; six layers, so depth pruning has some to drop), with less calibration data and
+    # no evals: this test is about the deploy files and the size model; the compression of the demo model is
+    # tests/test_compress_models.py's, the gates the quickstart's. A recipe that carries the GGUF file's own
+    # blocks keeps its GGUF source.
+    small = make_tiny_llama(tmp_path / "small", hidden=128, intermediate=256, layers=6, context=8192)
     smaller = ["eval=[]", "calibration.samples=4", "calibration.max_seq_len=64"]
     for item in shipped:
         out = tmp_path / item["name"]
-        result = api.run(item["path"], smaller, output_dir=out)
+        keeps_gguf = "gguf_blocks" in Path(item["path"]).read_text()
+        result = api.run(item["path"], smaller + ([] if keeps_gguf else [f'model.source="{small}"']), output_dir=out)
         manifest = json.loads((out / "manifest.json").read_text())
         engine = result.plan.recipe.recipe.serve.backend
         assert manifest["deploy"]["engine"] == engine and manifest["deploy"]["command"] in (out / "README.md").read_text()
