@@ -195,17 +195,12 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
 
     tried = [evaluate(tp) for tp in candidates]
     chosen = next((t for t in tried if t["fits_workload"]), None)
-    warnings: list[str] = []
     if chosen is None:
         chosen = next((t for t in reversed(tried) if t["kv_tokens"] >= max_model_len), None)
         if chosen is None:
             raise UsageError(_no_fit_message(info, gpu, count, max_model_len, util, tried[-1]), where=where,
                              fix=_no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched,
                                              seqs, eager, tried[-1]))
-        fitting = max(1, int(chosen["kv_tokens"] / (KV_HEADROOM * seq_len)))
-        warnings.append(f"the workload needs {math.ceil(KV_HEADROOM * concurrency * seq_len):,} KV tokens "
-                        f"per replica; {count} x {gpu.name} hold {chosen['kv_tokens']:,}, so about {fitting} requests "
-                        f"of {seq_len} tokens run at once and the rest queue")
     tp = chosen["tensor_parallel_size"]
     if data_parallel_size == "auto":
         dp = max(1, count // (tp * pp))
@@ -216,6 +211,12 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         chosen = evaluate(tp)
         if (seqs, batched) == before:
             break
+    warnings: list[str] = []
+    if not chosen["fits_workload"]:
+        warnings.append(f"the workload needs {math.ceil(KV_HEADROOM * concurrency * seq_len):,} KV tokens "
+                        f"per replica; {count} x {gpu.name} hold {chosen['kv_tokens']:,}, so about "
+                        f"{max(1, chosen['kv_tokens'] // seq_len)} requests of {seq_len} tokens run at once and the "
+                        "rest queue")
     plan = _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source,
                    kv_bytes, seq_len, workload, tried, warnings)
     plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)

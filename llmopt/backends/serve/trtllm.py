@@ -114,8 +114,9 @@ def comments(planned: memory.MemoryPlan, config: dict) -> dict[str, str]:
     out = inputs.limit_comments(planned, config, LIMITS, "extra")
     kv = config.get("kv_cache_config") or {}
     if kv.get("free_gpu_memory_fraction") == kv_fraction(planned):
+        util = planned.gpu_memory_utilization
         out["kv_cache_config"] = (
-            f"kv_cache_config.free_gpu_memory_fraction: the memory model's budget, {planned.gpu_memory_utilization:.0%} "
+            f"kv_cache_config.free_gpu_memory_fraction: the memory model's budget, {util:.0%} "
             f"of the GPU for weights, overheads and KV cache, as a share of the memory left after the weights and "
             f"overheads (TensorRT-LLM {flags.TRTLLM_VERSION}'s own default: 0.9 of it)")
     graphs = config.get("cuda_graph_config") or {}
