@@ -87,6 +87,8 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)  # why a limit is not the engine's own default
     engine_defaults: dict = field(default_factory=dict)  # the engine version's own choices on this GPU
+    memory_fraction: float | None = None  # the engine's memory knob: gpu-memory-utilization (vLLM),
+    #                                       free_gpu_memory_fraction (TensorRT-LLM), mem-fraction-static (SGLang)
 
     @property
     def gpus(self) -> int:
@@ -182,10 +184,12 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
     batched = max_num_batched_tokens or (own.max_num_batched_tokens if chunked
                                          else max(own.max_num_batched_tokens, max_model_len))
 
+    own_budget = engine if utilization is None else None  # the engine's own memory knob sizes the KV cache
+
     def evaluate(tp: int) -> dict:
         per_gpu_weights = math.ceil(weight_bytes / (tp * pp))
         over = overhead_bytes(info, tp, pp, batched, seqs, eager)
-        budget = int(gpu.memory_bytes * util) - per_gpu_weights - over
+        budget = kv_budget(own_budget, gpu, util, per_gpu_weights, over, batched, tp, pp)
         per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp)
         tokens = max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
         fits = tokens >= max_model_len and tokens >= KV_HEADROOM * concurrency * seq_len
@@ -217,10 +221,44 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
                         f"per replica; {count} x {gpu.name} hold {chosen['kv_tokens']:,}, so about "
                         f"{max(1, chosen['kv_tokens'] // seq_len)} requests of {seq_len} tokens run at once and the "
                         "rest queue")
+    if own_budget is not None:  # the share of the GPU the engine's own knob amounts to
+        used = chosen["weight_bytes_per_gpu"] + chosen["overhead_bytes_per_gpu"] + chosen["kv_budget_bytes_per_gpu"]
+        util = round(used / gpu.memory_bytes, 3)
     plan = _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source,
                    kv_bytes, seq_len, workload, tried, warnings)
+    own_fraction = defaults.memory_fraction(engine, gpu, batched, chosen["tensor_parallel_size"], pp)
+    plan.memory_fraction = own_fraction if own_budget is not None else _fraction(engine, plan)
+    if plan.memory_fraction != own_fraction:
+        reasons["memory_fraction"] = (f"from the recipe's gpu_memory_utilization {utilization} ("
+                                      f"{defaults.LABELS.get(engine, engine)} {own.version}'s default: {own_fraction})")
     plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)
+    plan.engine_defaults["memory_fraction"] = own_fraction
     return plan
+
+
+def kv_budget(engine: str | None, gpu: GPU, util: float, weights: int, over: int, batched: int, tp: int,
+              pp: int) -> int:
+    """KV cache bytes per GPU: what the engine's own memory knob leaves (``engine`` given: TensorRT-LLM's share
+    of the memory after weights and activations, SGLang's share of the GPU for weights and KV), else ``util``
+    of the GPU less the weights and overheads."""
+    total = gpu.memory_bytes
+    if engine == "trtllm":
+        return int(defaults.memory_fraction(engine, gpu, batched, tp, pp) * (total - weights - over))
+    if engine == "sglang":
+        return int(defaults.memory_fraction(engine, gpu, batched, tp, pp) * total) - weights
+    return int(total * util) - weights - over
+
+
+def _fraction(engine: str, plan: MemoryPlan) -> float:
+    """The engine's memory knob for a budget of ``gpu_memory_utilization`` of the GPU (rounded down)."""
+    total = plan.gpu_memory_bytes
+    if engine == "trtllm":  # the KV budget as a share of what is free after weights and overheads
+        free = total - plan.weight_bytes_per_gpu - plan.overhead_bytes_per_gpu
+        share = plan.kv_budget_bytes_per_gpu / free if free > 0 else 0.0
+        return round(min(0.95, max(0.05, int(share * 100) / 100)), 2)
+    if engine == "sglang":  # weights plus KV pool: the budget less the activation and graph overheads
+        return round(max(0.1, int((plan.gpu_memory_utilization - plan.overhead_bytes_per_gpu / total) * 100) / 100), 2)
+    return plan.gpu_memory_utilization
 
 
 def _tp_candidates(info: ModelInfo, count: int, pp: int, dp: int, tensor_parallel_size: int | None,
@@ -277,8 +315,6 @@ def limits(info: ModelInfo, gpu: GPU, own, engine: str, max_model_len: int, seq_
     if not max_num_seqs and seqs > batched:  # a step schedules at least one token per sequence
         seqs = batched
         reasons["max_num_seqs"] = f"at most one sequence per token of the step's budget ({batched:,})"
-    if own.gpu_memory_utilization is not None and util != own.gpu_memory_utilization:
-        reasons["gpu_memory_utilization"] = f"set by the recipe ({name}'s default: {own.gpu_memory_utilization})"
     return seqs, batched, reasons
 
 

@@ -305,12 +305,16 @@ def test_demo_model_on_an_h200_is_configured_at_the_engine_defaults(tmp_path):
     assert (config["max_batch_size"], config["max_num_tokens"]) == (2048, 8192)
     assert config["cuda_graph_config"]["max_batch_size"] == 128  # TensorRT-LLM's own graph limit
     assert notes["max_num_tokens"] == "max_num_tokens: TensorRT-LLM 1.2.1's own default on H200"
-    assert "the memory model's budget, 90%" in notes["kv_cache_config.free_gpu_memory_fraction"]
+    assert config["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
+    assert notes["kv_cache_config.free_gpu_memory_fraction"] == \
+        "kv_cache_config.free_gpu_memory_fraction: TensorRT-LLM 1.2.1's own default"
     result, folder = render(tmp_path / "s", "sglang", target=target)
     assert (result["args"]["max-running-requests"], result["args"]["chunked-prefill-size"]) == (4096, 8192)
     script = (folder / "launch.sh").read_text()
     assert "# max-running-requests: SGLang 0.5.23's own default on H200 with a KV pool of" in script
-    assert "# mem-fraction-static: the memory model's budget" in script
+    # SGLang's own on an H200 (143,155 MiB): a reserve of 512 + 8192 x 1.5 + 256 x 2 + 128 = 13,440 MiB
+    assert result["args"]["mem-fraction-static"] == round(1 - 13440 / (139.8 * 1024), 3) == 0.906
+    assert "# mem-fraction-static: SGLang 0.5.23's own default on H200" in script
 
 
 @pytest.mark.parametrize("engine, seqs, batched, where", [

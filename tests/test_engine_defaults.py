@@ -100,3 +100,13 @@ def test_without_chunked_prefill_a_whole_prompt_fits_one_step():
     assert planned.max_num_batched_tokens == 8192
     short = plan(DEMO, get_gpu("L40S"), DEMO_BYTES, "vllm", max_model_len=8192, chunked=False)
     assert short.max_num_batched_tokens == 8192 and "chunked prefill is off" in short.reasons["max_num_batched_tokens"]
+
+
+@pytest.mark.parametrize("engine, fraction", [("vllm", 0.92), ("trtllm", 0.9), ("sglang", 0.906)])
+def test_memory_knobs_are_the_engine_defaults_unless_the_recipe_sets_a_share(engine, fraction):
+    own = plan(DEMO, H200, DEMO_BYTES, engine, max_model_len=4096)
+    assert own.memory_fraction == own.engine_defaults["memory_fraction"] == fraction
+    assert "memory_fraction" not in own.reasons
+    share = plan(DEMO, H200, DEMO_BYTES, engine, max_model_len=4096, utilization=0.8)
+    assert share.memory_fraction < fraction and share.kv_tokens < own.kv_tokens
+    assert share.reasons["memory_fraction"].startswith("from the recipe's gpu_memory_utilization 0.8")

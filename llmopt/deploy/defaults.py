@@ -36,8 +36,15 @@ ENGINE_DEFAULTS: dict[str, dict] = {
     # ServerArgs._handle_gpu_memory_settings: below 35 GiB 2048, below 60 GiB 4096, below 160 GiB 8192, else
     # 16384); max_running_requests from the KV pool the model runner profiles (model_runner, max_num_reqs:
     # pool tokens / context length x 512, clamped to 2048..4096, and at most half the pool's tokens).
+    # mem_fraction_static (weights + KV pool as a share of the GPU), same function: the GPU's MiB less a reserve
+    # of 512 MiB + 1.5 MiB per chunk token (at least 2048) + 2 MiB per CUDA-graph batch (cuda_graph_max_bs by
+    # memory: below 20 GiB 8, below 35 GiB 24 (80 from tp 4), below 60 GiB 32 (160), below 160 GiB 256 (512),
+    # else 512) + tp x pp / 8 GiB, at least 10 GiB on GPUs above 60 GiB; rounded to 3 decimals.
     "sglang": {"version": "0.5.23", "chunk_by_gib": ((35, 2048), (60, 4096), (160, 8192)), "chunk_above": 16384,
                "running_per_context": 512, "running_min": 2048, "running_max": 4096,
+               "graph_bs_by_gib": ((20, 8, 8), (35, 24, 80), (60, 32, 160), (160, 256, 512)), "graph_bs_above": 512,
+               "reserve_mib": 512, "reserve_per_chunk_token_mib": 1.5, "reserve_per_graph_bs_mib": 2,
+               "reserve_min_mib_above_60gib": 10 * 1024,
                "keys": {"max_num_seqs": "max-running-requests", "max_num_batched_tokens": "chunked-prefill-size"}},
 }
 
@@ -84,6 +91,25 @@ def engine_defaults(engine: str, gpu, kv_tokens: int | None = None, max_model_le
         running = min(max(by_pool, table["running_min"]), table["running_max"], max(1, kv_tokens // 2))
         where += f" with a KV pool of {kv_tokens:,} tokens"
     return Defaults(engine, table["version"], running, chunk, None, where, table["keys"])
+
+
+def memory_fraction(engine: str, gpu, batched: int, tp: int, pp: int) -> float | None:
+    """The engine's own memory knob on ``gpu``: vLLM's gpu_memory_utilization (of the GPU), TensorRT-LLM's
+    free_gpu_memory_fraction (of what the weights and activations leave), SGLang's mem_fraction_static (weights
+    and KV pool, of the GPU, for the step budget ``batched``)."""
+    table = ENGINE_DEFAULTS.get(engine, ENGINE_DEFAULTS["vllm"])
+    if engine == "trtllm":
+        return table["free_gpu_memory_fraction"]
+    if engine != "sglang":
+        return table["gpu_memory_utilization"]
+    mib = gpu.memory_gib * 1024
+    graphs = next(((small if tp < 4 else large) for gib, small, large in table["graph_bs_by_gib"]
+                   if gpu.memory_gib < gib), table["graph_bs_above"])
+    reserve = (table["reserve_mib"] + max(batched, 2048) * table["reserve_per_chunk_token_mib"]
+               + graphs * table["reserve_per_graph_bs_mib"] + tp * pp / 8 * 1024)
+    if gpu.memory_gib > 60:
+        reserve = max(reserve, table["reserve_min_mib_above_60gib"])
+    return round((mib - reserve) / mib, 3)
 
 
 def step_ms(info, gpu, tp: int, pp: int, weight_bytes_per_gpu: int, tokens: int) -> float:

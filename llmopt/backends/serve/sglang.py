@@ -76,8 +76,8 @@ LIMITS = {"max_num_seqs": "max-running-requests", "max_num_batched_tokens": "chu
 
 class SglangOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total (default 0.90); llmopt "
-        "turns it into --mem-fraction-static.")
+        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total; llmopt "
+        "turns it into --mem-fraction-static (default: SGLang's own for the GPU and step budget).")
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"] = Field(
         "auto", description="KV cache precision (--kv-cache-dtype); auto: the model's dtype.")
     tensor_parallel_size: int | None = Field(
@@ -158,9 +158,9 @@ def gpu_sizes(args: dict) -> dict[str, int]:
 
 
 def mem_fraction_static(planned: memory.MemoryPlan) -> float:
-    """Weights plus KV pool as a share of the GPU: the budget less the activation and graph overheads."""
-    share = planned.gpu_memory_utilization - planned.overhead_bytes_per_gpu / planned.gpu_memory_bytes
-    return round(max(0.1, int(share * 100) / 100), 2)
+    """Weights plus KV pool as a share of the GPU: SGLang's own for the GPU and step budget, or the recipe's
+    gpu_memory_utilization less the predicted activation and graph overheads."""
+    return planned.memory_fraction
 
 
 def notes(planned: memory.MemoryPlan, args: dict) -> list[str]:
@@ -171,9 +171,8 @@ def notes(planned: memory.MemoryPlan, args: dict) -> list[str]:
     if off:
         out.append("chunked-prefill-size: -1, chunked prefill is off (enable_chunked_prefill = false)")
     if args.get("mem-fraction-static") == mem_fraction_static(planned):
-        out.append(f"mem-fraction-static: the memory model's budget, {planned.gpu_memory_utilization:.0%} of the GPU "
-                   "less the predicted activations and CUDA graphs (SGLang's own default reserves at least 10 GiB "
-                   "on GPUs above 60 GiB)")
+        why = planned.reasons.get("memory_fraction") or f"SGLang {flags.SGLANG_VERSION}'s own default on {planned.gpu}"
+        out.append(f"mem-fraction-static: {why}")
     return out
 
 

@@ -65,8 +65,9 @@ LIMITS = {"max_num_seqs": "max_batch_size", "max_num_batched_tokens": "max_num_t
 
 class TrtllmOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total (default 0.90); llmopt "
-        "turns it into kv_cache_config.free_gpu_memory_fraction.")
+        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total; llmopt turns it into "
+        "kv_cache_config.free_gpu_memory_fraction (default: TensorRT-LLM's own, 0.9 of the memory the weights and "
+        "activations leave).")
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto", description="KV cache precision; auto: the model's dtype, or fp8 when the checkpoint quantizes its KV.")
     tensor_parallel_size: int | None = Field(
@@ -97,10 +98,9 @@ class TrtllmOptions(files.DeploymentOptions):
 
 
 def kv_fraction(planned: memory.MemoryPlan) -> float:
-    """free_gpu_memory_fraction: the KV budget as a share of what is free after weights and overheads."""
-    free = planned.gpu_memory_bytes - planned.weight_bytes_per_gpu - planned.overhead_bytes_per_gpu
-    share = planned.kv_budget_bytes_per_gpu / free if free > 0 else 0.0
-    return round(min(0.95, max(0.05, int(share * 100) / 100)), 2)
+    """free_gpu_memory_fraction: the KV budget as a share of what is free after weights and overheads
+    (TensorRT-LLM's own 0.9 unless the recipe sets gpu_memory_utilization)."""
+    return planned.memory_fraction
 
 
 def graph_batch(planned: memory.MemoryPlan) -> int:
@@ -114,11 +114,8 @@ def comments(planned: memory.MemoryPlan, config: dict) -> dict[str, str]:
     out = inputs.limit_comments(planned, config, LIMITS, "extra")
     kv = config.get("kv_cache_config") or {}
     if kv.get("free_gpu_memory_fraction") == kv_fraction(planned):
-        util = planned.gpu_memory_utilization
-        out["kv_cache_config"] = (
-            f"kv_cache_config.free_gpu_memory_fraction: the memory model's budget, {util:.0%} "
-            f"of the GPU for weights, overheads and KV cache, as a share of the memory left after the weights and "
-            f"overheads (TensorRT-LLM {flags.TRTLLM_VERSION}'s own default: 0.9 of it)")
+        why = planned.reasons.get("memory_fraction") or f"TensorRT-LLM {flags.TRTLLM_VERSION}'s own default"
+        out["kv_cache_config"] = f"kv_cache_config.free_gpu_memory_fraction: {why}"
     graphs = config.get("cuda_graph_config") or {}
     if graphs.get("max_batch_size") == graph_batch(planned):
         out["cuda_graph_config"] = (f"cuda_graph_config: graphs for decode batches up to {graph_batch(planned)} "

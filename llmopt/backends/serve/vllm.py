@@ -40,7 +40,7 @@ BOOLEANS = ("enable-chunked-prefill", "enable-prefix-caching", "enable-expert-pa
 IMAGE_USER = (2000, 0)
 # the memory model's scheduler limits and memory share, and vLLM's option for each
 LIMITS = {"max_num_seqs": "max-num-seqs", "max_num_batched_tokens": "max-num-batched-tokens",
-          "gpu_memory_utilization": "gpu-memory-utilization"}
+          "memory_fraction": "gpu-memory-utilization"}
 
 # What vLLM 0.33.0 loads, from its quantization configs: ``get_min_capability`` of each scheme
 # (compressed-tensors W8A8 FP8 89 with a W8A16 FP8 Marlin fallback from 75, WNA16 75 with Marlin
@@ -204,7 +204,7 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
         "max-model-len": planned.max_model_len,
         "max-num-seqs": planned.max_num_seqs,
         "max-num-batched-tokens": planned.max_num_batched_tokens,
-        "gpu-memory-utilization": planned.gpu_memory_utilization,
+        "gpu-memory-utilization": planned.memory_fraction,
         "tensor-parallel-size": planned.tensor_parallel_size,
         "pipeline-parallel-size": planned.pipeline_parallel_size,
         "data-parallel-size": planned.data_parallel_size,
