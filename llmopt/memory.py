@@ -5,7 +5,7 @@ they exist, else the plan's estimate), the target GPU and count, ``max_model_len
 workload, ``plan_memory`` picks the smallest tensor-parallel size that the attention shape
 allows and that holds the weights, the engine's overheads and the workload's KV cache with
 headroom; then the scheduler limits and the memory fraction, and the predicted KV capacity.
-The limits are the pinned engine version's own defaults (``llmopt.deploy.defaults``), lower only
+The limits are the pinned engine version's own defaults (``llmopt.catalog.engines``), lower only
 where the KV cache holds fewer sequences or a TPOT target needs a shorter step, each such value
 with its reason (``MemoryPlan.reasons``); the workload's concurrency sizes the KV cache, never the
 limits. What cannot fit raises ``UsageError`` with the reason and a fix.
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmopt.catalog.gpus import GPU
-from llmopt.deploy import defaults
+from llmopt.catalog import engines
 from llmopt.errors import UsageError
 from llmopt.modelinfo import DTYPE_BYTES, ModelInfo
 
@@ -41,7 +41,7 @@ MiB = 2**20
 # --- assumptions, per GPU -------------------------------------------------------------
 GPU_MEMORY_UTILIZATION = 0.90  # share of the GPU TensorRT-LLM and SGLang may use, in their own terms
 #                                (free_gpu_memory_fraction, mem_fraction_static); vLLM gets its own default
-#                                (0.92, ``llmopt.deploy.defaults``)
+#                                (0.92, ``llmopt.catalog.engines``)
 NON_TORCH_BYTES = 512 * MiB  # CUDA context and library handles (cuBLAS, cuDNN) the allocator does not see
 NCCL_BYTES = 256 * MiB  # NCCL channels and the custom all-reduce buffers, only when tp x pp > 1
 WORKSPACE_BYTES = 512 * MiB  # attention-backend and GEMM workspaces, sampler scratch
@@ -170,7 +170,7 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
     """Choose parallel sizes for ``workload`` (input_len, output_len, concurrency) on ``count`` GPUs and the
     scheduler limits of ``engine`` (its own defaults unless the KV cache or ``tpot_p99_ms`` asks for less:
     ``limits``); raise UsageError when not even one ``max_model_len`` sequence fits."""
-    own = defaults.engine_defaults(engine, gpu, max_model_len=max_model_len)
+    own = engines.engine_defaults(engine, gpu, max_model_len=max_model_len)
     util = utilization or own.gpu_memory_utilization or GPU_MEMORY_UTILIZATION
     pp = pipeline_parallel_size
     dp = 1 if data_parallel_size == "auto" else int(data_parallel_size)
@@ -226,11 +226,11 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         util = round(used / gpu.memory_bytes, 3)
     plan = _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source,
                    kv_bytes, seq_len, workload, tried, warnings)
-    own_fraction = defaults.memory_fraction(engine, gpu, batched, chosen["tensor_parallel_size"], pp)
+    own_fraction = engines.memory_fraction(engine, gpu, batched, chosen["tensor_parallel_size"], pp)
     plan.memory_fraction = own_fraction if own_budget is not None else _fraction(engine, plan)
     if plan.memory_fraction != own_fraction:
         reasons["memory_fraction"] = (f"from the recipe's gpu_memory_utilization {utilization} ("
-                                      f"{defaults.LABELS.get(engine, engine)} {own.version}'s default: {own_fraction})")
+                                      f"{engines.LABELS.get(engine, engine)} {own.version}'s default: {own_fraction})")
     plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)
     plan.engine_defaults["memory_fraction"] = own_fraction
     return plan
@@ -243,9 +243,9 @@ def kv_budget(engine: str | None, gpu: GPU, util: float, weights: int, over: int
     of the GPU less the weights and overheads."""
     total = gpu.memory_bytes
     if engine == "trtllm":
-        return int(defaults.memory_fraction(engine, gpu, batched, tp, pp) * (total - weights - over))
+        return int(engines.memory_fraction(engine, gpu, batched, tp, pp) * (total - weights - over))
     if engine == "sglang":
-        return int(defaults.memory_fraction(engine, gpu, batched, tp, pp) * total) - weights
+        return int(engines.memory_fraction(engine, gpu, batched, tp, pp) * total) - weights
     return int(total * util) - weights - over
 
 
@@ -283,9 +283,9 @@ def limits(info: ModelInfo, gpu: GPU, own, engine: str, max_model_len: int, seq_
     engine's default unless the KV cache holds fewer of the workload's length; the step's token budget at
     the default unless a TPOT target needs a shorter step (a step with a prefill chunk delays every decode
     in it) or chunked prefill is off (a whole prompt must fit one step)."""
-    name = f"{defaults.LABELS.get(own.engine, own.engine)} {own.version}"
+    name = f"{engines.LABELS.get(own.engine, own.engine)} {own.version}"
     if engine == "sglang":  # its max_running_requests follows the KV pool it profiles
-        own = defaults.engine_defaults(engine, gpu, chosen["kv_tokens"], max_model_len)
+        own = engines.engine_defaults(engine, gpu, chosen["kv_tokens"], max_model_len)
     reasons: dict[str, str] = {}
     batched = max_num_batched_tokens or own.max_num_batched_tokens
     if max_num_batched_tokens:
@@ -295,10 +295,10 @@ def limits(info: ModelInfo, gpu: GPU, own, engine: str, max_model_len: int, seq_
         batched = max_model_len
         reasons["max_num_batched_tokens"] = "chunked prefill is off: a whole prompt of max_model_len fits one step"
     elif tpot_p99_ms is not None and chunked:
-        chunk, ms = defaults.slo_chunk(info, gpu, chosen["tensor_parallel_size"], pp, chosen["weight_bytes_per_gpu"],
+        chunk, ms = engines.slo_chunk(info, gpu, chosen["tensor_parallel_size"], pp, chosen["weight_bytes_per_gpu"],
                                        batched, tpot_p99_ms)
         if chunk < batched:
-            full = defaults.step_ms(info, gpu, chosen["tensor_parallel_size"], pp, chosen["weight_bytes_per_gpu"],
+            full = engines.step_ms(info, gpu, chosen["tensor_parallel_size"], pp, chosen["weight_bytes_per_gpu"],
                                     batched)
             reasons["max_num_batched_tokens"] = (
                 f"serve.slo.tpot_p99_ms = {tpot_p99_ms:g}: a step with a prefill chunk of {batched:,} tokens "
@@ -320,7 +320,7 @@ def limits(info: ModelInfo, gpu: GPU, own, engine: str, max_model_len: int, seq_
 
 def _defaults_dict(own, engine: str, gpu: GPU, chosen: dict, max_model_len: int) -> dict:
     if engine == "sglang":
-        own = defaults.engine_defaults(engine, gpu, chosen["kv_tokens"], max_model_len)
+        own = engines.engine_defaults(engine, gpu, chosen["kv_tokens"], max_model_len)
     return {"engine": own.engine, "version": own.version, "max_num_seqs": own.max_num_seqs,
             "max_num_batched_tokens": own.max_num_batched_tokens,
             "gpu_memory_utilization": own.gpu_memory_utilization, "where": own.where}

@@ -257,7 +257,8 @@ def test_ort_serves_a_cpu_graph_on_the_cpu_even_with_a_gpu_target(tmp_path):
 def test_ort_refuses_a_provider_the_graph_was_not_built_for(tmp_path):
     with pytest.raises(StageFailed, match="built for the cpu execution provider"):
         render_ort(tmp_path, onnx_model(tmp_path, []), 'provider = "cuda"')
-    body = RECIPE.format(source=tmp_path, target='gpu = "L4"', engine="ort", serve='provider = "cuda"', max_model_len=4096)
+    body = RECIPE.format(source=tmp_path, target='gpu = "L4"', engine="ort", serve='provider = "cuda"',
+                         max_model_len=4096)
     recipe = write_recipe(tmp_path, body.replace("[target]", '[export]\nformat = "onnx"\n[target]'))
     messages = [p.message for p in api.plan(recipe).errors]
     assert any('provider "cuda"' in m and 'execution_provider = "cpu"' in m for m in messages), messages

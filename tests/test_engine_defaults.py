@@ -9,7 +9,7 @@ import pytest
 
 from llmopt import memory
 from llmopt.catalog.gpus import get_gpu
-from llmopt.deploy.defaults import engine_defaults
+from llmopt.catalog.engines import engine_defaults
 from llmopt.estimates import float_weight_bytes
 from llmopt.modelinfo import from_config
 from llmopt.recipe.schema import Workload

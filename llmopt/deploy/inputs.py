@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from llmopt import estimates, memory
-from llmopt.deploy import defaults
+from llmopt.catalog import engines
 from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder
 
@@ -165,7 +165,7 @@ def limit_comments(planned: memory.MemoryPlan, config: dict, keys: dict[str, str
     """A comment for each scheduler limit and memory share the config writes (``keys``: the memory model's
     name -> the engine's key): why, when it is not the engine version's own default, else that it is."""
     own = planned.engine_defaults
-    label = f"{defaults.LABELS.get(own.get('engine'), own.get('engine'))} {own.get('version')}"
+    label = f"{engines.LABELS.get(own.get('engine'), own.get('engine'))} {own.get('version')}"
     out = {}
     for name, key in keys.items():
         if key not in config:

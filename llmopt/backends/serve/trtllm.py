@@ -21,7 +21,8 @@ from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, StageContext
-from llmopt.deploy import defaults, extras, files, flags, inputs
+from llmopt.catalog import engines
+from llmopt.deploy import extras, files, flags, inputs
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -106,7 +107,7 @@ def kv_fraction(planned: memory.MemoryPlan) -> float:
 def graph_batch(planned: memory.MemoryPlan) -> int:
     """Largest decode batch with a CUDA graph: TensorRT-LLM's own 128 (CudaGraphConfig without a
     max_batch_size), or max_batch_size when that is smaller (no graph for a batch that cannot run)."""
-    return min(planned.max_num_seqs, defaults.ENGINE_DEFAULTS["trtllm"]["cuda_graph_max_batch_size"])
+    return min(planned.max_num_seqs, engines.ENGINE_DEFAULTS["trtllm"]["cuda_graph_max_batch_size"])
 
 
 def comments(planned: memory.MemoryPlan, config: dict) -> dict[str, str]:
