@@ -4,8 +4,11 @@ Given the model's config facts, its weight bytes (the artifact's safetensors siz
 they exist, else the plan's estimate), the target GPU and count, ``max_model_len`` and the
 workload, ``plan_memory`` picks the smallest tensor-parallel size that the attention shape
 allows and that holds the weights, the engine's overheads and the workload's KV cache with
-headroom; then ``max_num_seqs``, ``max_num_batched_tokens`` and the memory fraction, and the
-predicted KV capacity. What cannot fit raises ``UsageError`` with the reason and a fix.
+headroom; then the scheduler limits and the memory fraction, and the predicted KV capacity.
+The limits are the pinned engine version's own defaults (``llmopt.catalog.engines``), lower only
+where the KV cache holds fewer sequences or a TPOT target needs a shorter step, each such value
+with its reason (``MemoryPlan.reasons``); the workload's concurrency sizes the KV cache, never the
+limits. What cannot fit raises ``UsageError`` with the reason and a fix.
 
 Per GPU, with tensor parallel size ``tp`` and pipeline parallel size ``pp``::
 
@@ -28,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmopt.catalog.gpus import GPU
+from llmopt.catalog import engines
 from llmopt.errors import UsageError
 from llmopt.modelinfo import DTYPE_BYTES, ModelInfo
 
@@ -35,8 +39,9 @@ GiB = 2**30
 MiB = 2**20
 
 # --- assumptions, per GPU -------------------------------------------------------------
-GPU_MEMORY_UTILIZATION = 0.90  # share of the GPU the engine may use (vLLM's default; SGLang and
-#                                TensorRT-LLM get the same budget expressed in their own terms)
+GPU_MEMORY_UTILIZATION = 0.90  # share of the GPU TensorRT-LLM and SGLang may use, in their own terms
+#                                (free_gpu_memory_fraction, mem_fraction_static); vLLM gets its own default
+#                                (0.92, ``llmopt.catalog.engines``)
 NON_TORCH_BYTES = 512 * MiB  # CUDA context and library handles (cuBLAS, cuDNN) the allocator does not see
 NCCL_BYTES = 256 * MiB  # NCCL channels and the custom all-reduce buffers, only when tp x pp > 1
 WORKSPACE_BYTES = 512 * MiB  # attention-backend and GEMM workspaces, sampler scratch
@@ -47,9 +52,6 @@ LOGITS_BYTES = 4  # logits are float32 for sampling
 KV_HEADROOM = 1.10  # the workload's KV must fit with 10% to spare (block rounding, bursts) before
 #                     a tensor-parallel size is accepted
 BLOCK_SIZE = 16  # KV cache block (page) size in tokens; capacity is a whole number of blocks
-MIN_PREFILL_CHUNK = 2048  # smallest prefill token budget per step (long prompts are chunked)
-MAX_PREFILL_CHUNK = 8192  # largest: more lengthens decode steps that share a batch with a prefill
-MAX_NUM_SEQS_CAP = 1024  # no engine schedules more sequences per step usefully
 
 KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
                   "fp8_inc": 1, "bf16": 2, "nvfp4": 0.5625}  # nvfp4: 4 bits + one fp8 scale per 16 values
@@ -83,6 +85,10 @@ class MemoryPlan:
     workload_tokens: int  # KV the workload needs at its concurrency (one replica)
     tried: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)  # why a limit is not the engine's own default
+    engine_defaults: dict = field(default_factory=dict)  # the engine version's own choices on this GPU
+    memory_fraction: float | None = None  # the engine's memory knob: gpu-memory-utilization (vLLM),
+    #                                       free_gpu_memory_fraction (TensorRT-LLM), mem-fraction-static (SGLang)
 
     @property
     def gpus(self) -> int:
@@ -155,74 +161,169 @@ def overhead_bytes(info: ModelInfo, tp: int, pp: int, batched_tokens: int, num_s
     return fixed + (0 if eager else CUDA_GRAPH_BYTES) + activation_bytes(info, tp, batched_tokens, num_seqs)
 
 
-def prefill_chunk(input_len: int, max_num_seqs: int) -> int:
-    """Token budget per step: the typical prompt (a power of two, 2048..8192), never below max_num_seqs."""
-    target = 1 << max(0, math.ceil(math.log2(max(1, input_len))))
-    return max(max_num_seqs, min(MAX_PREFILL_CHUNK, max(MIN_PREFILL_CHUNK, target)))
-
-
 def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workload, *, weight_bytes: int,
                 weight_source: str = "estimate", kv_bytes: float = 2, utilization: float | None = None,
                 tensor_parallel_size: int | None = None, pipeline_parallel_size: int = 1,
                 data_parallel_size: int | str = 1, max_num_seqs: int | None = None,
-                max_num_batched_tokens: int | None = None, eager: bool = False, where: str = "") -> MemoryPlan:
-    """Choose parallel sizes and scheduler limits for ``workload`` (input_len, output_len, concurrency)
-    on ``count`` GPUs; raise UsageError when not even one ``max_model_len`` sequence fits."""
-    util = utilization or GPU_MEMORY_UTILIZATION
+                max_num_batched_tokens: int | None = None, eager: bool = False, where: str = "",
+                engine: str = "vllm", chunked: bool = True, tpot_p99_ms: float | None = None) -> MemoryPlan:
+    """Choose parallel sizes for ``workload`` (input_len, output_len, concurrency) on ``count`` GPUs and the
+    scheduler limits of ``engine`` (its own defaults unless the KV cache or ``tpot_p99_ms`` asks for less:
+    ``limits``); raise UsageError when not even one ``max_model_len`` sequence fits."""
+    own = engines.engine_defaults(engine, gpu, max_model_len=max_model_len)
+    util = utilization or own.gpu_memory_utilization or GPU_MEMORY_UTILIZATION
     pp = pipeline_parallel_size
     dp = 1 if data_parallel_size == "auto" else int(data_parallel_size)
     if count < pp * dp:
         raise UsageError(f"pipeline x data parallel size {pp} x {dp} needs {pp * dp} GPUs; the target has {count}",
                          where=where, fix="raise [target] count or lower the parallel sizes")
-    limit = count // (pp * dp)
-    if tensor_parallel_size is not None:
-        if tensor_parallel_size not in valid_tp_sizes(info, tensor_parallel_size):
-            raise UsageError(f"tensor_parallel_size {tensor_parallel_size} does not split {info.num_heads} attention "
-                             f"heads / {info.num_kv_heads} KV heads evenly", where=where,
-                             fix=f"use one of {valid_tp_sizes(info, 64)[:8]} or leave it unset to let llmopt choose")
-        if tensor_parallel_size > limit:
-            raise UsageError(f"tensor_parallel_size {tensor_parallel_size} x pp {pp} x dp {dp} needs more than the "
-                             f"{count} GPUs of [target]", where=where, fix="raise [target] count or lower the size")
-        candidates = [tensor_parallel_size]
-    else:
-        candidates = valid_tp_sizes(info, limit)
+    candidates = _tp_candidates(info, count, pp, dp, tensor_parallel_size, where)
     seq_len = min(max_model_len, workload.input_len + workload.output_len)
-    seqs = max_num_seqs or min(MAX_NUM_SEQS_CAP, math.ceil(workload.concurrency / dp))
-    batched = max_num_batched_tokens or prefill_chunk(workload.input_len, seqs)
+    concurrency = math.ceil(workload.concurrency / dp)  # what the workload's KV needs, not a scheduler limit
+    seqs = max_num_seqs or own.max_num_seqs
+    batched = max_num_batched_tokens or (own.max_num_batched_tokens if chunked
+                                         else max(own.max_num_batched_tokens, max_model_len))
+
+    own_budget = engine if utilization is None else None  # the engine's own memory knob sizes the KV cache
 
     def evaluate(tp: int) -> dict:
         per_gpu_weights = math.ceil(weight_bytes / (tp * pp))
         over = overhead_bytes(info, tp, pp, batched, seqs, eager)
-        budget = int(gpu.memory_bytes * util) - per_gpu_weights - over
+        budget = kv_budget(own_budget, gpu, util, per_gpu_weights, over, batched, tp, pp)
         per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp)
         tokens = max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
-        fits = tokens >= max_model_len and tokens >= KV_HEADROOM * seqs * seq_len
+        fits = tokens >= max_model_len and tokens >= KV_HEADROOM * concurrency * seq_len
         return {"tensor_parallel_size": tp, "weight_bytes_per_gpu": per_gpu_weights, "overhead_bytes_per_gpu": over,
                 "kv_budget_bytes_per_gpu": max(0, budget), "kv_bytes_per_token_per_gpu": per_token,
                 "kv_tokens": tokens, "fits_workload": fits}
 
     tried = [evaluate(tp) for tp in candidates]
     chosen = next((t for t in tried if t["fits_workload"]), None)
-    warnings: list[str] = []
     if chosen is None:
         chosen = next((t for t in reversed(tried) if t["kv_tokens"] >= max_model_len), None)
         if chosen is None:
             raise UsageError(_no_fit_message(info, gpu, count, max_model_len, util, tried[-1]), where=where,
                              fix=_no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched,
                                              seqs, eager, tried[-1]))
-        fitting = max(1, int(chosen["kv_tokens"] / (KV_HEADROOM * seq_len)))
-        if max_num_seqs is None:
-            seqs = min(seqs, fitting)
-        warnings.append(f"the workload needs {math.ceil(KV_HEADROOM * workload.concurrency / dp * seq_len):,} KV tokens "
-                        f"per replica; {count} x {gpu.name} hold {chosen['kv_tokens']:,}, so about {fitting} requests "
-                        f"of {seq_len} tokens run at once and the rest queue")
     tp = chosen["tensor_parallel_size"]
     if data_parallel_size == "auto":
         dp = max(1, count // (tp * pp))
-        if max_num_seqs is None:  # the concurrency is shared by the replicas
-            seqs = min(seqs, math.ceil(workload.concurrency / dp))
-    return _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source,
+    for _ in range(3):  # the limits follow the KV cache, whose size follows the limits' overheads
+        before = seqs, batched
+        seqs, batched, reasons = limits(info, gpu, own, engine, max_model_len, seq_len, chosen, pp, max_num_seqs,
+                                        max_num_batched_tokens, chunked, tpot_p99_ms, util)
+        chosen = evaluate(tp)
+        if (seqs, batched) == before:
+            break
+    warnings: list[str] = []
+    if not chosen["fits_workload"]:
+        warnings.append(f"the workload needs {math.ceil(KV_HEADROOM * concurrency * seq_len):,} KV tokens "
+                        f"per replica; {count} x {gpu.name} hold {chosen['kv_tokens']:,}, so about "
+                        f"{max(1, chosen['kv_tokens'] // seq_len)} requests of {seq_len} tokens run at once and the "
+                        "rest queue")
+    if own_budget is not None:  # the share of the GPU the engine's own knob amounts to
+        used = chosen["weight_bytes_per_gpu"] + chosen["overhead_bytes_per_gpu"] + chosen["kv_budget_bytes_per_gpu"]
+        util = round(used / gpu.memory_bytes, 3)
+    plan = _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source,
                    kv_bytes, seq_len, workload, tried, warnings)
+    own_fraction = engines.memory_fraction(engine, gpu, batched, chosen["tensor_parallel_size"], pp)
+    plan.memory_fraction = own_fraction if own_budget is not None else _fraction(engine, plan)
+    if plan.memory_fraction != own_fraction:
+        reasons["memory_fraction"] = (f"from the recipe's gpu_memory_utilization {utilization} ("
+                                      f"{engines.LABELS.get(engine, engine)} {own.version}'s default: {own_fraction})")
+    plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)
+    plan.engine_defaults["memory_fraction"] = own_fraction
+    return plan
+
+
+def kv_budget(engine: str | None, gpu: GPU, util: float, weights: int, over: int, batched: int, tp: int,
+              pp: int) -> int:
+    """KV cache bytes per GPU: what the engine's own memory knob leaves (``engine`` given: TensorRT-LLM's share
+    of the memory after weights and activations, SGLang's share of the GPU for weights and KV), else ``util``
+    of the GPU less the weights and overheads."""
+    total = gpu.memory_bytes
+    if engine == "trtllm":
+        return int(engines.memory_fraction(engine, gpu, batched, tp, pp) * (total - weights - over))
+    if engine == "sglang":
+        return int(engines.memory_fraction(engine, gpu, batched, tp, pp) * total) - weights
+    return int(total * util) - weights - over
+
+
+def _fraction(engine: str, plan: MemoryPlan) -> float:
+    """The engine's memory knob for a budget of ``gpu_memory_utilization`` of the GPU (rounded down)."""
+    total = plan.gpu_memory_bytes
+    if engine == "trtllm":  # the KV budget as a share of what is free after weights and overheads
+        free = total - plan.weight_bytes_per_gpu - plan.overhead_bytes_per_gpu
+        share = plan.kv_budget_bytes_per_gpu / free if free > 0 else 0.0
+        return round(min(0.95, max(0.05, int(share * 100) / 100)), 2)
+    if engine == "sglang":  # weights plus KV pool: the budget less the activation and graph overheads
+        return round(max(0.1, int((plan.gpu_memory_utilization - plan.overhead_bytes_per_gpu / total) * 100) / 100), 2)
+    return plan.gpu_memory_utilization
+
+
+def _tp_candidates(info: ModelInfo, count: int, pp: int, dp: int, tensor_parallel_size: int | None,
+                   where: str) -> list[int]:
+    limit = count // (pp * dp)
+    if tensor_parallel_size is None:
+        return valid_tp_sizes(info, limit)
+    if tensor_parallel_size not in valid_tp_sizes(info, tensor_parallel_size):
+        raise UsageError(f"tensor_parallel_size {tensor_parallel_size} does not split {info.num_heads} attention "
+                         f"heads / {info.num_kv_heads} KV heads evenly", where=where,
+                         fix=f"use one of {valid_tp_sizes(info, 64)[:8]} or leave it unset to let llmopt choose")
+    if tensor_parallel_size > limit:
+        raise UsageError(f"tensor_parallel_size {tensor_parallel_size} x pp {pp} x dp {dp} needs more than the "
+                         f"{count} GPUs of [target]", where=where, fix="raise [target] count or lower the size")
+    return [tensor_parallel_size]
+
+
+def limits(info: ModelInfo, gpu: GPU, own, engine: str, max_model_len: int, seq_len: int, chosen: dict, pp: int,
+           max_num_seqs: int | None, max_num_batched_tokens: int | None, chunked: bool, tpot_p99_ms: float | None,
+           util: float) -> tuple[int, int, dict[str, str]]:
+    """The scheduler limits and, for each that is not the engine's own default, why: sequences at the
+    engine's default unless the KV cache holds fewer of the workload's length; the step's token budget at
+    the default unless a TPOT target needs a shorter step (a step with a prefill chunk delays every decode
+    in it) or chunked prefill is off (a whole prompt must fit one step)."""
+    name = f"{engines.LABELS.get(own.engine, own.engine)} {own.version}"
+    if engine == "sglang":  # its max_running_requests follows the KV pool it profiles
+        own = engines.engine_defaults(engine, gpu, chosen["kv_tokens"], max_model_len)
+    reasons: dict[str, str] = {}
+    batched = max_num_batched_tokens or own.max_num_batched_tokens
+    if max_num_batched_tokens:
+        reasons["max_num_batched_tokens"] = f"set by the recipe ({name}'s default {own.where}: " \
+                                            f"{own.max_num_batched_tokens:,})"
+    elif not chunked and batched < max_model_len:
+        batched = max_model_len
+        reasons["max_num_batched_tokens"] = "chunked prefill is off: a whole prompt of max_model_len fits one step"
+    elif tpot_p99_ms is not None and chunked:
+        chunk, ms = engines.slo_chunk(info, gpu, chosen["tensor_parallel_size"], pp, chosen["weight_bytes_per_gpu"],
+                                       batched, tpot_p99_ms)
+        if chunk < batched:
+            full = engines.step_ms(info, gpu, chosen["tensor_parallel_size"], pp, chosen["weight_bytes_per_gpu"],
+                                    batched)
+            reasons["max_num_batched_tokens"] = (
+                f"serve.slo.tpot_p99_ms = {tpot_p99_ms:g}: a step with a prefill chunk of {batched:,} tokens "
+                f"({name}'s default) takes about {full:.0f} ms and delays every decode in it; {chunk:,} tokens "
+                f"take about {ms:.0f} ms")
+            batched = chunk
+    holds = max(1, chosen["kv_tokens"] // seq_len)
+    seqs = max_num_seqs or min(own.max_num_seqs, holds)
+    if max_num_seqs:
+        reasons["max_num_seqs"] = f"set by the recipe ({name}'s default {own.where}: {own.max_num_seqs:,})"
+    elif seqs < own.max_num_seqs:
+        reasons["max_num_seqs"] = (f"the KV cache holds {chosen['kv_tokens']:,} tokens: {holds:,} sequences of the "
+                                   f"workload's {seq_len:,}, fewer than {name}'s default {own.max_num_seqs:,}")
+    if not max_num_seqs and seqs > batched:  # a step schedules at least one token per sequence
+        seqs = batched
+        reasons["max_num_seqs"] = f"at most one sequence per token of the step's budget ({batched:,})"
+    return seqs, batched, reasons
+
+
+def _defaults_dict(own, engine: str, gpu: GPU, chosen: dict, max_model_len: int) -> dict:
+    if engine == "sglang":
+        own = engines.engine_defaults(engine, gpu, chosen["kv_tokens"], max_model_len)
+    return {"engine": own.engine, "version": own.version, "max_num_seqs": own.max_num_seqs,
+            "max_num_batched_tokens": own.max_num_batched_tokens,
+            "gpu_memory_utilization": own.gpu_memory_utilization, "where": own.where}
 
 
 def _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source, kv_bytes,

@@ -40,7 +40,7 @@ source = "{source}"
 {target}
 [serve]
 backend = "{engine}"
-max_model_len = 4096
+max_model_len = {max_model_len}
 workload = {{ input_len = 512, output_len = 128, concurrency = 16 }}
 {serve}
 """
@@ -56,9 +56,10 @@ def model_folder(tmp_path: Path, config: dict, quant: dict | None = None) -> Pat
 
 
 def planned(tmp_path: Path, engine: str, serve: str = "", config: dict = DEMO, target: str = H100x4,
-            quant: dict | None = None):
+            quant: dict | None = None, max_model_len: int = 4096):
     source = model_folder(tmp_path, config, quant)
-    recipe = write_recipe(tmp_path, RECIPE.format(source=source, target=target, engine=engine, serve=serve))
+    recipe = write_recipe(tmp_path, RECIPE.format(source=source, target=target, engine=engine, serve=serve,
+                                                  max_model_len=max_model_len))
     return api.plan(recipe), source
 
 
@@ -227,7 +228,8 @@ def onnx_model(tmp_path: Path, providers: list) -> Path:
 
 
 def render_ort(tmp_path: Path, model: Path, serve: str = "", target: str = 'gpu = "L4"'):
-    recipe = write_recipe(tmp_path, RECIPE.format(source=model, target=target, engine="ort", serve=serve))
+    recipe = write_recipe(tmp_path, RECIPE.format(source=model, target=target, engine="ort", serve=serve,
+                                                  max_model_len=4096))
     plan = api.plan(recipe)  # its own check says ort needs [export] format = "onnx"; render is what is tested
     out = tmp_path / "deploy"
     out.mkdir()
@@ -255,7 +257,8 @@ def test_ort_serves_a_cpu_graph_on_the_cpu_even_with_a_gpu_target(tmp_path):
 def test_ort_refuses_a_provider_the_graph_was_not_built_for(tmp_path):
     with pytest.raises(StageFailed, match="built for the cpu execution provider"):
         render_ort(tmp_path, onnx_model(tmp_path, []), 'provider = "cuda"')
-    body = RECIPE.format(source=tmp_path, target='gpu = "L4"', engine="ort", serve='provider = "cuda"')
+    body = RECIPE.format(source=tmp_path, target='gpu = "L4"', engine="ort", serve='provider = "cuda"',
+                         max_model_len=4096)
     recipe = write_recipe(tmp_path, body.replace("[target]", '[export]\nformat = "onnx"\n[target]'))
     messages = [p.message for p in api.plan(recipe).errors]
     assert any('provider "cuda"' in m and 'execution_provider = "cpu"' in m for m in messages), messages
@@ -276,3 +279,56 @@ def test_every_engine_serves_the_recipe_name(tmp_path, engine):
         mounts = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
         assert {"name": "artifact", "mountPath": "/models/demo", "subPath": "model", "readOnly": True} in mounts
         assert "ln -s" in (folder / "launch.sh").read_text() and "/demo" in (folder / "launch.sh").read_text()
+
+
+# issue 14, item 1: limits no worse than the engines' own defaults, each other value with its reason
+
+LLAMA_8B = dict(DEMO, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=131072)
+
+
+def comments(path: Path) -> dict[str, str]:
+    """The comment line above each key of a config file (``# key: why``)."""
+    return {line[2:].split(":", 1)[0]: line[2:] for line in path.read_text().splitlines() if line.startswith("# ")
+            and ":" in line and " " not in line[2:].split(":", 1)[0]}
+
+
+def test_demo_model_on_an_h200_is_configured_at_the_engine_defaults(tmp_path):
+    target = 'gpu = "H200"'
+    vllm = render(tmp_path / "v", "vllm", target=target)[1] / "config.yaml"
+    config, notes = yaml.safe_load(vllm.read_text()), comments(vllm)
+    assert (config["max-num-seqs"], config["max-num-batched-tokens"], config["gpu-memory-utilization"]) == \
+        (1024, 8192, 0.92)
+    assert notes["max-num-seqs"] == "max-num-seqs: vLLM 0.33.0's own default on H200"
+    assert notes["gpu-memory-utilization"] == "gpu-memory-utilization: vLLM 0.33.0's own default on H200"
+    trt = render(tmp_path / "t", "trtllm", target=target)[1] / "config.yaml"
+    config, notes = yaml.safe_load(trt.read_text()), comments(trt)
+    assert (config["max_batch_size"], config["max_num_tokens"]) == (2048, 8192)
+    assert config["cuda_graph_config"]["max_batch_size"] == 128  # TensorRT-LLM's own graph limit
+    assert notes["max_num_tokens"] == "max_num_tokens: TensorRT-LLM 1.2.1's own default on H200"
+    assert config["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
+    assert notes["kv_cache_config.free_gpu_memory_fraction"] == \
+        "kv_cache_config.free_gpu_memory_fraction: TensorRT-LLM 1.2.1's own default"
+    result, folder = render(tmp_path / "s", "sglang", target=target)
+    assert (result["args"]["max-running-requests"], result["args"]["chunked-prefill-size"]) == (4096, 8192)
+    script = (folder / "launch.sh").read_text()
+    assert "# max-running-requests: SGLang 0.5.23's own default on H200 with a KV pool of" in script
+    # SGLang's own on an H200 (143,155 MiB): a reserve of 512 + 8192 x 1.5 + 256 x 2 + 128 = 13,440 MiB
+    assert result["args"]["mem-fraction-static"] == round(1 - 13440 / (139.8 * 1024), 3) == 0.906
+    assert "# mem-fraction-static: SGLang 0.5.23's own default on H200" in script
+
+
+@pytest.mark.parametrize("engine, seqs, batched, where", [
+    ("vllm", "max-num-seqs", "max-num-batched-tokens", "config.yaml"),
+    ("trtllm", "max_batch_size", "max_num_tokens", "config.yaml"),
+    ("sglang", "max-running-requests", "chunked-prefill-size", "launch.sh")])
+def test_llama_8b_at_8k_on_an_h100_lowers_only_what_the_kv_cache_or_the_slo_asks(tmp_path, engine, seqs, batched,
+                                                                                 where):
+    result, folder = render(tmp_path, engine, config=LLAMA_8B, target='gpu = "H100-SXM-80GB"', max_model_len=8192,
+                            serve="slo = { tpot_p99_ms = 50 }")
+    assert result["memory"]["max_model_len"] == 8192
+    text = (folder / where).read_text()
+    args = result["args"]
+    assert args[batched] < 8192  # the engines' 8192 would make a decode step take ~0.2 s
+    assert f"# {batched}: serve.slo.tpot_p99_ms = 50: a step with a prefill chunk of 8,192 tokens" in text
+    assert args[seqs] == result["memory"]["engine_defaults"]["max_num_seqs"] or f"# {seqs}: " in text

@@ -43,19 +43,20 @@ def test_llama_8b_fp8_on_one_h100_at_8k():
     assert written["weight_bytes"] == weights + 32 * 43008 * 2 + (2 + 32 * (2 * 7 + 2) + 1) * 104
     assert memory.kv_bytes_per_token_per_gpu(info, 2) == 2 * 32 * 8 * 128 * 2 == 131072
     assert memory.kv_bytes_per_token_per_gpu(info, 1) == 65536
-    # concurrency 64, prompts of 1024 -> prefill chunk 2048 tokens:
+    # limits set by hand (64 sequences, a step of 2048 tokens) at 90% of the GPU:
     # activations 2048 x 2 B x (2 x 4096 + 3 x 14336) + logits 64 x 128256 x 4 B
     overhead = FIXED_1GPU + 2048 * 2 * (2 * 4096 + 3 * 14336) + 64 * 128256 * 4
     assert overhead == 2_390_032_384
     kv_budget = BUDGET - weights - overhead
     assert kv_budget == 65_065_084_190  # 60.6 GiB
     work = Workload(input_len=1024, output_len=256, concurrency=64)
-    bf16 = memory.plan_memory(info, H100, 1, 8192, work, weight_bytes=weights, kv_bytes=2)
+    hand = {"utilization": 0.90, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+    bf16 = memory.plan_memory(info, H100, 1, 8192, work, weight_bytes=weights, kv_bytes=2, **hand)
     assert (bf16.tensor_parallel_size, bf16.max_num_seqs, bf16.max_num_batched_tokens) == (1, 64, 2048)
     assert bf16.kv_budget_bytes_per_gpu == kv_budget
     assert bf16.kv_tokens == kv_budget // (131072 * 16) * 16 == 496_400
     assert bf16.full_length_sequences == 60  # 496,400 // 8192
-    fp8 = memory.plan_memory(info, H100, 1, 8192, work, weight_bytes=weights, kv_bytes=1)
+    fp8 = memory.plan_memory(info, H100, 1, 8192, work, weight_bytes=weights, kv_bytes=1, **hand)
     assert fp8.kv_bytes_per_token == 65536
     assert fp8.kv_tokens == kv_budget // (65536 * 16) * 16 == 992_800
     assert fp8.full_length_sequences == 121
@@ -68,7 +69,8 @@ def test_llama_70b_bf16_needs_tp4_on_h100():
     weights = weight_bytes(info, "bfloat16")
     assert weights == 141_107_412_992  # 131.4 GiB: more than one H100 holds
     work = Workload(input_len=1024, output_len=256, concurrency=16)
-    plan = memory.plan_memory(info, H100, 8, 8192, work, weight_bytes=weights)
+    hand = {"utilization": 0.90, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
+    plan = memory.plan_memory(info, H100, 8, 8192, work, weight_bytes=weights, **hand)
     tried = {t["tensor_parallel_size"]: t for t in plan.tried}
     assert sorted(tried) == [1, 2, 4, 8]
     assert tried[1]["kv_tokens"] == 0
@@ -89,9 +91,12 @@ def test_70b_on_two_h100s_runs_with_fewer_sequences_and_says_so():
     info = from_config(LLAMA_70B)
     work = Workload(input_len=1024, output_len=256, concurrency=64)
     plan = memory.plan_memory(info, H100, 2, 8192, work, weight_bytes=weight_bytes(info, "bfloat16"))
-    assert plan.tensor_parallel_size == 2 and plan.kv_tokens == 20_080
-    assert plan.max_num_seqs == int(20_080 / (1.1 * 1280)) == 14
-    assert "queue" in plan.warnings[0]
+    assert plan.tensor_parallel_size == 2 and plan.kv_tokens == 26_144
+    # vLLM's own 1024 sequences do not fit: what the KV cache holds of the workload's 1280-token sequences
+    assert plan.max_num_seqs == 26_144 // 1280 == 20
+    assert plan.reasons["max_num_seqs"] == ("the KV cache holds 26,144 tokens: 20 sequences of the workload's "
+                                            "1,280, fewer than vLLM 0.33.0's default 1,024")
+    assert "queue" in plan.warnings[0] and "hold 26,144" in plan.warnings[0]
 
 
 def test_what_cannot_fit_is_refused_with_the_reason_and_a_fix():

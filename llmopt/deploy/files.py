@@ -73,6 +73,7 @@ class Launch:
     ulimits: dict[str, int] = field(default_factory=dict)  # docker ulimits (Kubernetes has no ulimit field)
     served_dir: bool = False  # the engine names the model by its folder: serve it from a folder named `name`
     host_memory_gib: int = 0  # memory the process holds besides the engine's own (a CPU-served model)
+    notes: list[str] = field(default_factory=list)  # comment lines of launch.sh (why an argument has its value)
 
     def argv(self, root: str, model: str | None = None) -> list[str]:
         """The full command with paths under ``root`` (the artifact folder)."""
@@ -109,9 +110,18 @@ def dns_name(name: str) -> str:
     return (text or "llmopt")[:63].rstrip("-")
 
 
-def dump_yaml(doc, path: Path, header: str = "") -> None:
+def dump_yaml(doc, path: Path, header: str = "", comments: dict[str, str] | None = None) -> None:
+    """Write ``doc`` as YAML under ``header``, with a comment line above each top-level key of ``comments``."""
     yaml = require("yaml", "deploy", "writing deployment files", package="pyyaml")
     text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    if comments:
+        lines = []
+        for line in text.splitlines(keepends=True):
+            key = line.split(":", 1)[0] if line[:1] not in (" ", "-") else None
+            if key in comments:
+                lines.append(f"# {comments[key]}\n")
+            lines.append(line)
+        text = "".join(lines)
     path.write_text((header + "\n" if header else "") + text)
 
 
@@ -226,6 +236,7 @@ def launch_script(launch: Launch) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# Starts {launch.engine} on this machine for the artifact two folders up (written by llmopt).",
+        *[f"# {note}" for note in launch.notes],
         "set -euo pipefail",
         'cd "$(dirname "$0")/../.."',
     ]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from llmopt import estimates, memory
+from llmopt.catalog import engines
 from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder
 
@@ -45,7 +46,7 @@ def estimated_memory(loaded, info: ModelInfo, gpu, weight_bytes: int) -> memory.
         return memory_plan(serve, recipe.target, info, gpu, options, weight_bytes, "estimate", kv, eager=eager)
     max_len, workload = (serve.max_model_len, serve.workload) if serve is not None else (4096, Workload())
     return memory.plan_memory(info, gpu, recipe.target.count, max_len, workload, weight_bytes=weight_bytes,
-                              kv_bytes=kv, eager=eager)
+                              kv_bytes=kv, eager=eager, engine=serve.backend if serve is not None else "vllm")
 
 
 def read_config(model_dir: Path) -> dict:
@@ -81,15 +82,18 @@ def render_facts(ctx, model_dir: Path) -> tuple[ModelInfo, int, str]:
 
 def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int, weight_source: str,
                 kv_bytes: float, where: str = "", eager: bool = False) -> memory.MemoryPlan:
+    """The memory model for ``serve.backend``: its own defaults, the recipe's options and ``serve.slo``."""
+    chunked = getattr(options, "enable_chunked_prefill", True)
     batched = getattr(options, "max_num_batched_tokens", None)
-    if not getattr(options, "enable_chunked_prefill", True):  # a whole prompt must fit one step
-        batched = max(batched or 0, serve.max_model_len)
+    if not chunked and batched is not None:  # a whole prompt must fit one step
+        batched = max(batched, serve.max_model_len)
     return memory.plan_memory(
         info, gpu, target.count, serve.max_model_len, serve.workload, weight_bytes=weight_bytes,
         weight_source=weight_source, kv_bytes=kv_bytes, utilization=getattr(options, "gpu_memory_utilization", None),
         tensor_parallel_size=options.tensor_parallel_size, pipeline_parallel_size=options.pipeline_parallel_size,
         data_parallel_size=getattr(options, "data_parallel_size", 1), max_num_seqs=options.max_num_seqs,
-        max_num_batched_tokens=batched, eager=eager, where=where)
+        max_num_batched_tokens=batched, eager=eager, where=where, engine=serve.backend, chunked=chunked,
+        tpot_p99_ms=serve.slo.tpot_p99_ms)
 
 
 def plan_estimate(options, ctx, kv_cache_dtype: str, eager: bool = False
@@ -155,3 +159,22 @@ def summary(planned: memory.MemoryPlan) -> str:
     return (f"tp {planned.tensor_parallel_size} x pp {planned.pipeline_parallel_size} x dp "
             f"{planned.data_parallel_size} on {planned.gpu}: KV cache for {planned.kv_tokens:,} tokens "
             f"({planned.full_length_sequences:,} sequences of {planned.max_model_len:,})")
+
+
+def limit_comments(planned: memory.MemoryPlan, config: dict, keys: dict[str, str], by: str) -> dict[str, str]:
+    """A comment for each scheduler limit and memory share the config writes (``keys``: the memory model's
+    name -> the engine's key): why, when it is not the engine version's own default, else that it is."""
+    own = planned.engine_defaults
+    label = f"{engines.LABELS.get(own.get('engine'), own.get('engine'))} {own.get('version')}"
+    out = {}
+    for name, key in keys.items():
+        if key not in config:
+            continue
+        planned_value = getattr(planned, name)
+        if config[key] != planned_value:
+            out[key] = f"{key}: set by {by} (the memory model planned {planned_value})"
+        elif name in planned.reasons:
+            out[key] = f"{key}: {planned.reasons[name]}"
+        elif own.get(name) == planned_value:
+            out[key] = f"{key}: {label}'s own default {own['where']}"
+    return out

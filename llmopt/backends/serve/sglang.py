@@ -70,12 +70,14 @@ PARALLEL = {"tp-size": "tensor_parallel_size", "pp-size": "pipeline_parallel_siz
 # GPUs of one server: --dp-size replicas of tp x pp ranks (attention DP and EP split the TP ranks: SGLang
 # 0.5.23's runtime_context.derive_parallel_widths, moe_tp_size = tp_size // ep_size // moe_dp_size)
 GPU_KEYS = ("tp-size", "pp-size", "dp-size")
+# the memory model's scheduler limits, and launch_server's option for each
+LIMITS = {"max_num_seqs": "max-running-requests", "max_num_batched_tokens": "chunked-prefill-size"}
 
 
 class SglangOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total (default 0.90); llmopt "
-        "turns it into --mem-fraction-static.")
+        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total; llmopt "
+        "turns it into --mem-fraction-static (default: SGLang's own for the GPU and step budget).")
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2", "bf16"] = Field(
         "auto", description="KV cache precision (--kv-cache-dtype); auto: the model's dtype.")
     tensor_parallel_size: int | None = Field(
@@ -83,9 +85,12 @@ class SglangOptions(files.DeploymentOptions):
     pipeline_parallel_size: int = Field(1, ge=1, description="--pp-size: pipeline stages.")
     data_parallel_size: int | Literal["auto"] = Field(
         1, description="--dp-size: model copies behind one server; auto: as many as the target's GPUs hold.")
-    max_num_seqs: int | None = Field(None, ge=1, description="--max-running-requests; default: from the workload.")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="--max-running-requests; default: SGLang's own (from its KV pool, 2048..4096), "
+        "fewer when the KV cache holds fewer of the workload's sequences.")
     max_num_batched_tokens: int | None = Field(
-        None, ge=16, description="--chunked-prefill-size; default: from the workload's prompt length.")
+        None, ge=16, description="--chunked-prefill-size; default: SGLang's own for the GPU's memory (8192 on "
+        "H100 and H200), smaller when serve.slo.tpot_p99_ms needs shorter steps.")
     enable_chunked_prefill: bool = Field(True, description="Chunk long prompts (off: --chunked-prefill-size -1).")
     enable_prefix_caching: bool = Field(True, description="The radix cache of shared prefixes (off: --disable-radix-cache).")
     extra_args: dict[str, Any] = Field(
@@ -153,9 +158,22 @@ def gpu_sizes(args: dict) -> dict[str, int]:
 
 
 def mem_fraction_static(planned: memory.MemoryPlan) -> float:
-    """Weights plus KV pool as a share of the GPU: the budget less the activation and graph overheads."""
-    share = planned.gpu_memory_utilization - planned.overhead_bytes_per_gpu / planned.gpu_memory_bytes
-    return round(max(0.1, int(share * 100) / 100), 2)
+    """Weights plus KV pool as a share of the GPU: SGLang's own for the GPU and step budget, or the recipe's
+    gpu_memory_utilization less the predicted activation and graph overheads."""
+    return planned.memory_fraction
+
+
+def notes(planned: memory.MemoryPlan, args: dict) -> list[str]:
+    """launch.sh's comments: why the scheduler limits and the memory share have their values."""
+    off = args.get("chunked-prefill-size") == -1
+    keys = {name: key for name, key in LIMITS.items() if not (off and key == "chunked-prefill-size")}
+    out = list(inputs.limit_comments(planned, args, keys, "extra_args").values())
+    if off:
+        out.append("chunked-prefill-size: -1, chunked prefill is off (enable_chunked_prefill = false)")
+    if args.get("mem-fraction-static") == mem_fraction_static(planned):
+        why = planned.reasons.get("memory_fraction") or f"SGLang {flags.SGLANG_VERSION}'s own default on {planned.gpu}"
+        out.append(f"mem-fraction-static: {why}")
+    return out
 
 
 def server_args(options: SglangOptions, planned: memory.MemoryPlan, recipe, info, quant, dtype: str
@@ -259,7 +277,7 @@ class SglangServe:
             # requests; /health runs a one-token generation when idle and may wait SGLANG_HEALTH_CHECK_TIMEOUT
             # (20 s) for it, so it is the liveness route with a longer timeout. The image (docker/Dockerfile)
             # has no non-root user: it runs as root.
-            ready_path="/ready", live_path="/health", live_timeout=30)
+            ready_path="/ready", live_path="/health", live_timeout=30, notes=notes(planned, args))
         written = files.write_all(folder, launch)
         return {"engine": "sglang", "engine_version": flags.SGLANG_VERSION, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/sglang/{f}" for f in written],

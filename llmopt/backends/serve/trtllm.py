@@ -21,6 +21,7 @@ from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, StageContext
+from llmopt.catalog import engines
 from llmopt.deploy import extras, files, flags, inputs
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
@@ -59,20 +60,26 @@ GPU_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_
 # NVIDIA's documented `docker run` of the TensorRT-LLM release container (TensorRT-LLM quick start guide):
 # --ulimit memlock=-1 --ulimit stack=67108864 (and --ipc host, for which compose's shm_size stands here)
 ULIMITS = {"memlock": -1, "stack": 67108864}
+# the memory model's scheduler limits, and TorchLlmArgs' field for each
+LIMITS = {"max_num_seqs": "max_batch_size", "max_num_batched_tokens": "max_num_tokens"}
 
 
 class TrtllmOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total (default 0.90); llmopt "
-        "turns it into kv_cache_config.free_gpu_memory_fraction.")
+        None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total; llmopt turns it into "
+        "kv_cache_config.free_gpu_memory_fraction (default: TensorRT-LLM's own, 0.9 of the memory the weights and "
+        "activations leave).")
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto", description="KV cache precision; auto: the model's dtype, or fp8 when the checkpoint quantizes its KV.")
     tensor_parallel_size: int | None = Field(
         None, ge=1, description="GPUs one model copy is split over; default: the smallest size that fits.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across GPUs).")
-    max_num_seqs: int | None = Field(None, ge=1, description="max_batch_size; default: from the workload and KV.")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="max_batch_size; default: TensorRT-LLM's own (2048), fewer when the KV cache holds "
+        "fewer of the workload's sequences.")
     max_num_batched_tokens: int | None = Field(
-        None, ge=16, description="max_num_tokens per step; default: from the workload's prompt length.")
+        None, ge=16, description="max_num_tokens per step; default: TensorRT-LLM's own (8192), smaller when "
+        "serve.slo.tpot_p99_ms needs shorter steps.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts into chunks.")
     enable_block_reuse: bool = Field(True, description="Reuse the KV blocks of shared prompt prefixes.")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs for decode batches (cuda_graph_config).")
@@ -92,10 +99,29 @@ class TrtllmOptions(files.DeploymentOptions):
 
 
 def kv_fraction(planned: memory.MemoryPlan) -> float:
-    """free_gpu_memory_fraction: the KV budget as a share of what is free after weights and overheads."""
-    free = planned.gpu_memory_bytes - planned.weight_bytes_per_gpu - planned.overhead_bytes_per_gpu
-    share = planned.kv_budget_bytes_per_gpu / free if free > 0 else 0.0
-    return round(min(0.95, max(0.05, int(share * 100) / 100)), 2)
+    """free_gpu_memory_fraction: the KV budget as a share of what is free after weights and overheads
+    (TensorRT-LLM's own 0.9 unless the recipe sets gpu_memory_utilization)."""
+    return planned.memory_fraction
+
+
+def graph_batch(planned: memory.MemoryPlan) -> int:
+    """Largest decode batch with a CUDA graph: TensorRT-LLM's own 128 (CudaGraphConfig without a
+    max_batch_size), or max_batch_size when that is smaller (no graph for a batch that cannot run)."""
+    return min(planned.max_num_seqs, engines.ENGINE_DEFAULTS["trtllm"]["cuda_graph_max_batch_size"])
+
+
+def comments(planned: memory.MemoryPlan, config: dict) -> dict[str, str]:
+    """Why max_batch_size, max_num_tokens, the KV share and the graphs have their values."""
+    out = inputs.limit_comments(planned, config, LIMITS, "extra")
+    kv = config.get("kv_cache_config") or {}
+    if kv.get("free_gpu_memory_fraction") == kv_fraction(planned):
+        why = planned.reasons.get("memory_fraction") or f"TensorRT-LLM {flags.TRTLLM_VERSION}'s own default"
+        out["kv_cache_config"] = f"kv_cache_config.free_gpu_memory_fraction: {why}"
+    graphs = config.get("cuda_graph_config") or {}
+    if graphs.get("max_batch_size") == graph_batch(planned):
+        out["cuda_graph_config"] = (f"cuda_graph_config: graphs for decode batches up to {graph_batch(planned)} "
+                                    "(TensorRT-LLM's own limit without max_batch_size is 128), padded to the next one")
+    return out
 
 
 def trtllm_kv_dtype(options: TrtllmOptions, quant: dict | None) -> str:
@@ -125,7 +151,7 @@ def engine_config(options: TrtllmOptions, planned: memory.MemoryPlan, recipe, dt
     if planned.expert_parallel_size > 1:
         config["moe_expert_parallel_size"] = planned.expert_parallel_size
     if options.cuda_graphs:
-        config["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": planned.max_num_seqs}
+        config["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": graph_batch(planned)}
     if options.moe_backend:
         config["moe_config"] = {"backend": options.moe_backend}
     if recipe.model.trust_remote_code:
@@ -213,7 +239,7 @@ class TrtllmServe:
                               where="serve", fix="adjust the [serve] options named in the message")
         files.dump_yaml(config, folder / "config.yaml", f"# TensorRT-LLM {flags.TRTLLM_VERSION} TorchLlmArgs for "
                         f"{recipe.name}: `trtllm-serve <model> --backend pytorch --config config.yaml` (written by "
-                        f"llmopt; {inputs.summary(planned)}).")
+                        f"llmopt; {inputs.summary(planned)}).", comments(planned, config))
         gpus = inputs.reserved(gpu_sizes(config))
         launch = files.Launch(
             "trtllm", recipe.name, f"{options.image}:{options.tag}", ["trtllm-serve"],

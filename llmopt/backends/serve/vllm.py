@@ -38,6 +38,9 @@ BOOLEANS = ("enable-chunked-prefill", "enable-prefix-caching", "enable-expert-pa
 # the image ships a non-root user `vllm` (UID 2000, GID 0, HOME /home/vllm, group-writable caches) that the
 # default image does not switch to (vLLM's docker/Dockerfile, PR #40275, "Non-root support for vllm-openai")
 IMAGE_USER = (2000, 0)
+# the memory model's scheduler limits and memory share, and vLLM's option for each
+LIMITS = {"max_num_seqs": "max-num-seqs", "max_num_batched_tokens": "max-num-batched-tokens",
+          "memory_fraction": "gpu-memory-utilization"}
 
 # What vLLM 0.33.0 loads, from its quantization configs: ``get_min_capability`` of each scheme
 # (compressed-tensors W8A8 FP8 89 with a W8A16 FP8 Marlin fallback from 75, WNA16 75 with Marlin
@@ -76,7 +79,7 @@ ACCEPTS: dict[formats.Format, Rule] = {
 
 class VllmOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.1, le=0.99, description="Share of each GPU vLLM may use (default 0.90, the memory model's budget).")
+        None, gt=0.1, le=0.99, description="Share of each GPU vLLM may use (default: vLLM 0.33's own, 0.92).")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="KV cache precision; auto: the model's dtype, or fp8 when the checkpoint quantizes its KV.")
     tensor_parallel_size: int | None = Field(
@@ -84,9 +87,12 @@ class VllmOptions(files.DeploymentOptions):
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across GPUs).")
     data_parallel_size: int | Literal["auto"] = Field(
         1, description="Model copies behind one server; auto: as many as the target's GPUs hold.")
-    max_num_seqs: int | None = Field(None, ge=1, description="Sequences per step; default: from the workload and KV.")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Sequences per step; default: vLLM's own for the GPU (1024 on 70 GiB+ GPUs but "
+        "A100s, else 256), fewer when the KV cache holds fewer of the workload's sequences.")
     max_num_batched_tokens: int | None = Field(
-        None, ge=16, description="Tokens per step (prefill chunk); default: from the workload's prompt length.")
+        None, ge=16, description="Tokens per step (prefill chunk); default: vLLM's own for the GPU (8192 on "
+        "70 GiB+ GPUs but A100s, else 2048), smaller when serve.slo.tpot_p99_ms needs shorter steps.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts into chunks that share steps with decodes.")
     enable_prefix_caching: bool = Field(True, description="Reuse the KV of shared prompt prefixes.")
     enforce_eager: bool = Field(False, description="Run without CUDA graphs (saves their memory, slower decode).")
@@ -198,7 +204,7 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
         "max-model-len": planned.max_model_len,
         "max-num-seqs": planned.max_num_seqs,
         "max-num-batched-tokens": planned.max_num_batched_tokens,
-        "gpu-memory-utilization": planned.gpu_memory_utilization,
+        "gpu-memory-utilization": planned.memory_fraction,
         "tensor-parallel-size": planned.tensor_parallel_size,
         "pipeline-parallel-size": planned.pipeline_parallel_size,
         "data-parallel-size": planned.data_parallel_size,
@@ -267,7 +273,7 @@ class VllmServe:
         config = merged.config
         files.dump_yaml(config, folder / "config.yaml", f"# vLLM {flags.VLLM_VERSION} engine arguments for "
                         f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; "
-                        f"{inputs.summary(planned)}).")
+                        f"{inputs.summary(planned)}).", inputs.limit_comments(planned, config, LIMITS, "extra_args"))
         validation = validate_engine.validate_vllm(folder / "config.yaml", model_dir, options.engine_python)
         if not validation["ok"]:
             raise StageFailed(f"{validation['validated_by']} refused the vLLM config: "
