@@ -153,7 +153,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
     out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
     plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
-    plan.estimates = plan_estimates(plan, info) if scope == "run" else {}
+    plan.estimates = plan_estimates(plan, builder.info) if scope == "run" else {}  # the final model's shapes
     return plan
 
 

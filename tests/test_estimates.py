@@ -80,3 +80,17 @@ def test_what_does_not_fit_is_said_not_raised(tmp_path):
             'gpu_memory_utilization = 0.15\n')
     kv = plan(tmp_path, body).estimates["kv_cache"]
     assert kv["fits"] is False and "does not fit" in kv["reason"]
+
+
+def test_a_depth_pruned_model_is_estimated_with_the_layers_it_keeps(tmp_path):
+    """The artifact's estimate is the pruned model's: seen 34% high when the source's layer count was used."""
+    from conftest import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "six", hidden=128, intermediate=256, layers=6)
+    prune = '[[compress]]\nmethod = "prune_depth"\nlayers = 2\n'
+    kept = api.plan(write_recipe(tmp_path, tiny_recipe(model, prune), "pruned.toml")).estimates
+    whole = api.plan(write_recipe(tmp_path, tiny_recipe(model), "whole.toml")).estimates
+    layer = (whole["artifact_bytes"] - kept["artifact_bytes"]) / 2
+    assert kept["model_bytes_before"] == whole["artifact_bytes"]  # the source as it is
+    per_layer = 2 * (128 * 128 * 2 + 128 * 64 * 2 + 3 * 128 * 256 + 2 * 128)  # bf16 q, o, k, v, MLP, two norms
+    assert layer == pytest.approx(per_layer, abs=9 * 110)  # and a safetensors header entry for each of 9 tensors
