@@ -186,3 +186,20 @@ def test_interrupted_bench_stops_the_server(tmp_path, tiny_model, fake_vllm, iso
     assert proc.returncode == 130, err
     assert server_gone(server) and server_gone(child) and not list(pids.glob("*.json"))
     assert not (tmp_path / "art").exists()
+
+
+@pytest.mark.slow
+def test_ort_artifact_is_benched_through_llmopt_serve(tmp_path, tiny_model, isolated_cache):
+    """The real path of a CPU artifact: the ONNX export served by `llmopt serve` from deploy/ort/launch.sh."""
+    body = (f'schema_version = 1\nname = "tiny-ort"\n\n[model]\nsource = "{tiny_model}"\n\n'
+            '[export]\nformat = "onnx"\nprecision = "fp32"\nintra_op_threads = 1\n\n'
+            '[serve]\nbackend = "ort"\nmax_model_len = 256\nworkload = { input_len = 16, output_len = 4, concurrency = 1 }\n\n'
+            '[bench]\nenabled = true\nrequests = 4\nwarmup = 1\nrepeats = 1\n')
+    art = tmp_path / "art"
+    res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    bench = json.loads((art / "manifest.json").read_text())["bench"]
+    assert bench["engine"] == "ort" and bench["points"][0]["requests"]["ok"] == 4
+    result = json.loads((art / "reports" / "bench" / "bench.json").read_text())
+    assert result["target"]["server"] == "llmopt" and "launch.sh" in " ".join(result["target"]["started"]["argv"])
+    assert server_gone(result["target"]["started"]["pid"]) and not list(engine.pid_dir(isolated_cache).glob("*.json"))
