@@ -41,16 +41,21 @@ repeats = 1
 """
 
 
-@pytest.fixture
-def fake_vllm(tmp_path, monkeypatch) -> Path:
-    """A ``vllm`` on PATH that serves the test server and starts a child; returns the child's pid file."""
+def put_fake_vllm(tmp_path: Path, monkeypatch, extra: str = "") -> Path:
+    """A ``vllm`` on PATH that serves the test server (with ``extra`` arguments) and starts a child; returns the
+    child's pid file."""
     bin_dir, child = tmp_path / "bin", tmp_path / "child.pid"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(f"#!/bin/sh\nshift\nexec {sys.executable} {FAKE} --owned-by vllm "
-                                  f"--child-pid-file {child} \"$@\"\n")
+                                  f"--child-pid-file {child} {extra} \"$@\"\n")
     (bin_dir / "vllm").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return child
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch) -> Path:
+    return put_fake_vllm(tmp_path, monkeypatch)
 
 
 @pytest.fixture(autouse=True)
@@ -143,6 +148,15 @@ def test_run_benches_the_artifact_and_caches_it(tmp_path, tiny_model, fake_vllm,
     assert again.returncode == 0, again.stderr
     assert {s["name"]: s["status"] for s in load_json(again.stdout)["stages"]}["bench"] == "cached"
     assert json.loads((art / "manifest.json").read_text())["bench"]["points"] == bench["points"]
+
+
+def test_failed_bench_is_a_stage_failure_and_stops_the_server(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    child = put_fake_vllm(tmp_path, monkeypatch, "--max-inflight 0")  # every request answered 429
+    res = run_cli("run", str(bench_recipe(tmp_path, tiny_model)), "-o", str(tmp_path / "art"), "--format", "json")
+    assert res.returncode == 1, res.stderr
+    assert "no request succeeded" in res.stderr and "429" in res.stderr
+    assert server_gone(int(child.read_text())) and not list(engine.pid_dir(isolated_cache).glob("*.json"))
+    assert not (tmp_path / "art").exists() and not list((isolated_cache / "tmp").glob("*"))
 
 
 def start_run(recipe: Path, out: Path) -> subprocess.Popen:
