@@ -125,6 +125,7 @@ def test_run_benches_the_artifact_and_caches_it(tmp_path, tiny_model, fake_vllm,
     assert not (stage_dir / "target").exists()
     result = json.loads((stage_dir / "bench.json").read_text())
     assert result["target"]["started"]["engine"] == "vllm" and result["options"]["requests"] == 4
+    assert result["out_dir"] == "."  # not the temporary folder the stage ran in
     assert server_gone(result["target"]["started"]["pid"]) and server_gone(int(fake_vllm.read_text()))
     assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
 

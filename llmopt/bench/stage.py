@@ -15,6 +15,7 @@ is cached; one that was killed left no entry and runs again.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -85,6 +86,8 @@ class BenchStage:
                                say=ctx.progress)
         finally:
             shutil.rmtree(target, ignore_errors=True)
+        result["out_dir"] = "."  # not the temporary folder: the stage folder moves into the cache when complete
+        (ctx.out_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
         return outputs(result)
 
 
