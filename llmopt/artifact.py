@@ -52,6 +52,7 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         manifest = build_manifest(plan, manifests, gates, deploy)
         manifest["model_bytes"] = sum(p.stat().st_size for p in (tmp / "model").rglob("*") if p.is_file())
         report = reports.write_all(tmp / "reports", plan, manifests, gates)
+        manifest["bench"] = report.get("bench")  # the bench stage's figures (None without one)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
         manifest["linked"] = sorted(f"model/{name}" for name, how in placed.items() if how == "link")

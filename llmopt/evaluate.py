@@ -71,7 +71,8 @@ def rejudge(report_path: str | Path, settings: list[str] = (), output: str | Pat
             for name in g["scores"].values():
                 if (report_path.parent / name).resolve() != (folder / name).resolve():
                     shutil.copy2(report_path.parent / name, folder / name)
-        reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates)
+        reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates,
+                              report.get("bench"))
     return new
 
 

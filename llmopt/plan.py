@@ -36,7 +36,7 @@ from llmopt.stages import DeployStage, GateStage, gate_options
 @dataclass
 class Stage:
     name: str
-    kind: str  # source | compress | export | eval | gate | deploy
+    kind: str  # source | compress | export | eval | gate | deploy | bench
     backend: str
     step: tuple  # where it is in the recipe: ("compress", 0)
     options: BaseModel
@@ -54,6 +54,10 @@ class Stage:
             return GateStage()
         if self.kind == "deploy":
             return DeployStage(self.backend)
+        if self.kind == "bench":
+            from llmopt.bench.stage import BenchStage
+
+            return BenchStage()
         return registry.get(self.kind, self.backend)()
 
     def to_dict(self, cache: Cache) -> dict:
@@ -136,7 +140,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
         target = builder.model_stages(source)
         builder.evals(source, target)
         builder.gate()
-        builder.deploy(target)
+        builder.bench(builder.deploy(target), target)
     else:
         target = builder.candidate(candidate, source)
         builder.evals(source, target, endpoint=endpoint if candidate is None else None,
@@ -270,18 +274,32 @@ class _Builder:
         self.add(Stage("gate", "gate", "paired", ("eval",), gate_options(self.loaded), inputs,
                        volatile=any(s.volatile for s in evals)))
 
-    def deploy(self, model_stage: Stage) -> None:
+    def deploy(self, model_stage: Stage) -> Stage | None:
         """The serve backend's launch configs for the final model; its plan-time checks and what it accepts."""
         serve = self.loaded.recipe.serve
         if serve is None:
-            return
+            return None
         options = self.loaded.options_for("serve", None)
         self.problems += registry.get("serve", serve.backend)().check(options, self.ctx(("serve",)))
         recipe = self.loaded.recipe
         facts = {"name": recipe.name, "model": recipe.model.model_dump(mode="json"),
                  "serve": serve.model_dump(mode="json"), "target": recipe.target.model_dump(mode="json")}
-        self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options,
-                       {"model": model_stage.name}, {"recipe": facts}))
+        return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options,
+                              {"model": model_stage.name}, {"recipe": facts}))
+
+    def bench(self, deploy: Stage | None, model_stage: Stage) -> None:
+        """With [bench] enabled: the artifact's server started from the deploy stage's launch config and
+        measured (``llmopt.bench.stage``); no [serve] section, or an engine not installed here, is an error."""
+        if not self.loaded.recipe.bench.enabled:
+            return
+        from llmopt.bench.stage import bench_options, plan_problems
+
+        found = plan_problems(self.loaded)
+        self.problems += found
+        if deploy is None or found:
+            return
+        self.add(Stage("bench", "bench", deploy.backend, ("bench",), bench_options(self.loaded.recipe),
+                       {"model": model_stage.name, "deploy": deploy.name}))
 
 
 def served_options(options, url: str, item):

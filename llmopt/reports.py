@@ -30,6 +30,8 @@ REPORT_JSON_SCHEMA = {
         "recipe": {"type": "string"},
         "recipe_sha256": {"type": "string"},
         "passed": {"type": "boolean"},
+        "bench": {"type": "object", "required": ["engine", "workload", "slo", "options", "points", "files"],
+                  "description": "the bench stage's figures per load point (recipes with [bench] enabled)"},
         "evals": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["metric", "value", "higher_is_better", "n", "scores"],
             "properties": {"metric": {"type": "string"}, "value": {"type": "number"}, "higher_is_better": {"type": "boolean"},
@@ -60,7 +62,34 @@ def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
         if scores:
             shutil.copy2(plan.cache.path(stage.key) / scores, folder / f"{stage.name}.scores.jsonl")
     evals = {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"}
-    return write_reports(folder, plan.recipe.recipe.name, plan.recipe.digest, evals, with_score_files(folder, gates))
+    bench = copy_bench(folder, plan, manifests)
+    return write_reports(folder, plan.recipe.recipe.name, plan.recipe.digest, evals, with_score_files(folder, gates),
+                         bench)
+
+
+BENCH_DIR = "bench"  # the bench stage's files, under reports/
+
+
+def bench_files(files: dict) -> dict:
+    """The bench stage's file names as the artifact's reports hold them (relative to reports/)."""
+    return {k: ([f"{BENCH_DIR}/{p}" for p in v] if isinstance(v, list) else f"{BENCH_DIR}/{v}")
+            for k, v in files.items()}
+
+
+def copy_bench(folder: Path, plan, manifests: dict) -> dict | None:
+    """The bench stage's bench.json, bench.md, requests, server log and plots copied to ``folder/bench``;
+    returns its figures for report.json, or None without a bench stage."""
+    stage = next((s for s in plan.stages if s.kind == "bench"), None)
+    if stage is None:
+        return None
+    outputs = manifests[stage.name]["outputs"]
+    files = outputs.get("files", {})
+    (folder / BENCH_DIR).mkdir(exist_ok=True)
+    for name in [v for v in files.values() if isinstance(v, str)] + list(files.get("plots", [])):
+        source = plan.cache.path(stage.key) / name
+        if source.is_file():
+            shutil.copy2(source, folder / BENCH_DIR / name)
+    return {k: v for k, v in outputs.items() if k != "files"} | {"stage": stage.key, "files": bench_files(files)}
 
 
 def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
@@ -73,8 +102,10 @@ def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
     return out
 
 
-def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict]) -> dict:
-    """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY."""
+def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],
+                  bench: dict | None = None) -> dict:
+    """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY.
+    ``bench``: the bench stage's figures, a section of both reports."""
     folder.mkdir(parents=True, exist_ok=True)
     report = {
         "schema_version": REPORT_SCHEMA,
@@ -84,8 +115,10 @@ def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gate
         "gates": gates,
         "passed": all(g["verdict"] != "fail" for g in gates),
     }
+    if bench is not None:
+        report["bench"] = bench
     write_json(folder / "report.json", report)
-    summary = markdown(name, gates, evals)
+    summary = markdown(name, gates, evals) + (bench_markdown(bench) if bench else "")
     (folder / "report.md").write_text(summary)
     (folder / "junit.xml").write_text(junit(name, gates))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -167,6 +200,35 @@ def markdown(name: str, gates: list[dict], evals: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+BENCH_HEADER = ["load", "ok / sent", "req/s", "output tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms",
+                "ITL p50 / p99 ms", "goodput req/s", "errors"]
+
+
+def bench_markdown(bench: dict) -> str:
+    """The serving benchmark's section of report.md: one row per load point."""
+    w, slo = bench["workload"], {k: v for k, v in (bench.get("slo") or {}).items() if v is not None}
+    lines = ["", f"## Serving benchmark: {bench.get('engine')}", "",
+             f"Workload: {w['input_len']} input tokens, {w['output_len']} output tokens; SLO: "
+             f"{', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; {bench['options']['requests']} "
+             f"requests after {bench['options']['warmup']} warm-up, {bench['options']['repeats']} repeat(s) "
+             f"(medians). Files: reports/{BENCH_DIR}/.", "",
+             "| " + " | ".join(BENCH_HEADER) + " |", "|" + "---|" * len(BENCH_HEADER)]
+
+    def ms(stat):
+        return "-" if not stat else f"{stat['p50']:.1f} / {stat['p99']:.1f}"
+
+    for p in bench["points"]:
+        load = p["load"]
+        good = p.get("goodput")
+        cells = [f"c={load['value']:g}" if load["kind"] == "concurrency" else f"{load['value']:g} req/s",
+                 f"{p['requests']['ok']} / {p['requests']['sent']}", f"{p['request_throughput']:.2f}",
+                 f"{p['output_throughput']:.1f}", ms(p["ttft_ms"]), ms(p["tpot_ms"]), ms(p["itl_ms"]),
+                 f"{good['requests_per_s']:.2f} ({good['fraction']:.0%})" if good else "-",
+                 ", ".join(f"{k} {n}" for k, n in p["errors"].items()) or "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def junit(name: str, gates: list[dict]) -> str:
     failures = sum(g["verdict"] == "fail" for g in gates)
     suite = ET.Element("testsuite", name=f"llmopt.{name}", tests=str(len(gates)), failures=str(failures))
@@ -205,6 +267,8 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
         "",
         markdown(recipe.name, gates),
     ]
+    if manifest.get("bench"):
+        lines.append(bench_markdown(manifest["bench"]).lstrip("\n"))
     deploy = manifest.get("deploy") or {}
     if deploy.get("command"):
         lines += ["## Launch", "", "```sh", deploy["command"], "```", ""]

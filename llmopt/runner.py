@@ -112,6 +112,7 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     for name, value in QUIET_LIBRARIES.items():
         os.environ.setdefault(name, value)
     plan.cache.clean_stale()
+    stop_leftover_servers(plan, out)
     log_path, log = _open_log(plan)
     try:
         manifests, records = execute_stages(plan, out, log, pick_device(), force)
@@ -135,6 +136,16 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
         err.result = result
         raise err
     return result
+
+
+def stop_leftover_servers(plan: Plan, out: Output) -> None:
+    """Stop servers that a bench stage or an ``llmopt bench`` killed with ``kill -9`` left running (their
+    pid files are under the cache; ``llmopt.bench.engine``)."""
+    from llmopt.bench.engine import stop_leftovers
+
+    for info in stop_leftovers(plan.cache.root):
+        out.warn(f"stopped a server left by an earlier llmopt run or bench (pid {info['pid']}: "
+                 f"{' '.join(info['argv'][:4])} ...)")
 
 
 @dataclass
@@ -224,7 +235,7 @@ def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out
             name=stage.name, out_dir=tmp, inputs=inputs,
             input_manifests={role: manifests[name] for role, name in stage.inputs.items()},
             recipe=plan.recipe, log=log, progress=_progress(update, log), device=device, model=plan.model,
-            gpu=plan.gpu,
+            gpu=plan.gpu, cache_root=cache.root,
         )
         try:
             with _quiet_libraries(log):

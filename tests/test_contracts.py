@@ -209,9 +209,11 @@ LAYERS = [
     # the size model asks each backend for its layout, as the planner does
     ["llmopt.runtimes", "llmopt.evalkit", "llmopt.deploy", "llmopt.validate_engine", "llmopt.backends",
      "llmopt.estimates"],
-    ["llmopt.stages", "llmopt.plan"],
+    # the bench stage of a run starts an artifact's server and measures it (llmopt bench is the same code);
+    # it finds the model folder as llmopt serve does
+    ["llmopt.stages", "llmopt.plan", "llmopt.bench", "llmopt.server.model"],
     ["llmopt.reports", "llmopt.artifact", "llmopt.runner", "llmopt.evaluate"],
-    ["llmopt.api", "llmopt.bench", "llmopt.server", "llmopt.sweep"],
+    ["llmopt.api", "llmopt.server", "llmopt.sweep"],
     ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],
 ]
 

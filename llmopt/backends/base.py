@@ -55,6 +55,7 @@ class StageContext:
     device: str = "cpu"
     model: Any = None  # ModelInfo of the model as the recipe's steps leave it (config facts), or None
     gpu: Any = None  # the target GPU from the catalogue, or None for the CPU
+    cache_root: Path | None = None  # the stage cache (the bench stage records its server's pid there)
     deferred: list[Callable[[Path], dict]] = field(default_factory=list)
 
     def defer(self, work: Callable[[Path], dict]) -> None:

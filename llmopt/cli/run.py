@@ -22,7 +22,10 @@ def run(
     strict: StrictOpt = False,
     format: FormatOpt = "human",
 ) -> None:
-    """Run a recipe: source, compression, export, evaluation, gates, deploy configs, artifact.
+    """Run a recipe: source, compression, export, evaluation, gates, deploy configs, benchmark, artifact.
+
+    The benchmark runs with `[bench] enabled = true`: the artifact's server is started from its
+    deploy config, measured under `[serve].workload` and `[serve].slo`, and stopped.
 
     Finished stages come from the cache; an interrupted run resumes at the first unfinished
     stage. Exits 3 when an accuracy gate fails (after writing the artifact and reports).

@@ -140,9 +140,14 @@ class EvalItem(BackendStep):
 
 
 class BenchSection(Section):
-    enabled: bool = Field(False, description="Benchmark the served artifact after it is built.")
-    requests: int = Field(64, ge=1, description="Requests sent per benchmark point.")
-    warmup: int = Field(4, ge=0, description="Requests sent and discarded before measuring.")
+    enabled: bool = Field(False, description="`llmopt run` benchmarks the artifact's own server in a bench stage after "
+                          "the deploy stage: it starts [serve]'s launch config (ort through `llmopt serve`; vllm, sglang "
+                          "and trtllm only where installed, else a plan error), sends [serve].workload at its "
+                          "concurrency, judges [serve].slo and always stops the server. Needs [serve]. Figures in "
+                          "manifest.json `bench` and the reports; files in reports/bench/ (docs/bench.md).")
+    requests: int = Field(64, ge=1, description="Measured requests per benchmark point.")
+    warmup: int = Field(4, ge=0, description="Requests sent and left out before measuring (at a concurrency point at "
+                        "least one round of it).")
     repeats: int = Field(3, ge=1, description="Repeats of each point; reports give the median.")
 
 
@@ -221,7 +226,7 @@ class Recipe(Section):
     eval: list[EvalItem] = Field(
         default_factory=list, description="Evaluations; each scores baseline and candidate on the same examples."
     )
-    bench: BenchSection = Field(default_factory=BenchSection, description="Serving benchmark.")
+    bench: BenchSection = Field(default_factory=BenchSection, description="Serving benchmark of the artifact in `llmopt run` (when enabled).")
     tune: TuneSection = Field(default_factory=TuneSection, description="Launch-parameter search.")
     output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
     sweep: SweepSection | None = Field(

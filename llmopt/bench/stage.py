@@ -1,0 +1,133 @@
+"""The bench stage of ``llmopt run``: the artifact's own server, measured under the recipe's workload.
+
+With ``[bench] enabled = true`` the plan gets a ``bench`` stage after the deploy stage. It lays out
+the final model and the deploy stage's launch config as an artifact would hold them (``model/`` and
+``deploy/<engine>/`` in a scratch folder of the stage), and ``run_bench`` starts that launch config
+(ort through ``llmopt serve``; vLLM, SGLang and TensorRT-LLM through ``launch.sh``), waits for
+``/health``, sends ``[serve].workload`` at its concurrency with ``[bench]`` requests, warm-up and
+repeats, judges ``[serve].slo``, and always stops the server. bench.json, bench.md, requests.jsonl,
+engine.log and the plots stay in the stage folder; the figures are the stage's outputs, which the
+artifact's manifest and reports carry.
+
+The key hashes the deploy stage's key, the model stage's key and these options, so a finished bench
+is cached; one that was killed left no entry and runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmopt.backends.base import StageContext
+from llmopt.errors import Problem
+from llmopt.recipe.schema import SLO, Workload
+
+LAUNCHED_BY_SCRIPT = ("vllm", "sglang", "trtllm")  # started through launch.sh: only where the engine is installed
+FIGURES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+class BenchStageOptions(BaseModel):
+    """What the bench stage measures: from [serve] (engine, workload, SLO) and [bench]."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: str = Field(description="The engine the deploy stage's launch config starts ([serve] backend).")
+    workload: Workload = Field(description="[serve].workload: prompt and output tokens, and the concurrency sent.")
+    slo: SLO = Field(description="[serve].slo: the bounds goodput counts requests within.")
+    requests: int = Field(ge=1, description="[bench] requests: measured requests.")
+    warmup: int = Field(ge=0, description="[bench] warmup: requests sent first and left out.")
+    repeats: int = Field(ge=1, description="[bench] repeats: runs of the point; figures are the medians.")
+
+
+def bench_options(recipe) -> BenchStageOptions:
+    serve, bench = recipe.serve, recipe.bench
+    return BenchStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo, requests=bench.requests,
+                             warmup=bench.warmup, repeats=bench.repeats)
+
+
+def plan_problems(loaded) -> list[Problem]:
+    """A bench without a [serve] section, or whose engine is not installed on this machine."""
+    from llmopt.bench import engine
+
+    recipe = loaded.recipe
+    where = loaded.where("bench", "enabled")
+    if recipe.serve is None:
+        return [Problem("[bench] enabled = true, but the recipe has no [serve] section: there is no server to "
+                        "benchmark", where, "add a [serve] section (backend, workload, slo), or set [bench] "
+                        "enabled = false")]
+    name = recipe.serve.backend
+    if name in LAUNCHED_BY_SCRIPT and not engine.engine_installed(name):
+        what, pin = engine.INSTALLED_BY[name]
+        found = f"no `{what}` on PATH" if what else "python3 cannot import sglang"
+        return [Problem(f"[bench] starts the artifact's {name} server, but {name} is not installed on this machine "
+                        f"({found})", where, f"install {name} ({pin}) and run there, or set [bench] enabled = false "
+                        f"(then `llmopt bench ARTIFACT` where {name} is installed)")]
+    return []
+
+
+class BenchStage:
+    """``run_bench`` over the deploy stage's launch config and the final model."""
+
+    requires = ()
+    version = 1
+
+    def run(self, options: BenchStageOptions, ctx: StageContext) -> dict:
+        from llmopt.bench.options import BenchOptions
+        from llmopt.bench.runner import run_bench
+
+        target = ctx.out_dir / "target"
+        lay_out(target, ctx, options.engine)
+        run = BenchOptions(requests=options.requests, warmup=options.warmup, repeats=options.repeats,
+                           engine=options.engine)
+        try:
+            result = run_bench(target, options.workload, options.slo, run, ctx.out_dir, cache_dir=ctx.cache_root,
+                               say=ctx.progress)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+        result["out_dir"] = "."  # not the temporary folder: the stage folder moves into the cache when complete
+        (ctx.out_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        return outputs(result)
+
+
+def lay_out(target: Path, ctx: StageContext, engine: str) -> None:
+    """``target`` as an artifact: ``model/`` (a link to the final model), ``deploy/<engine>/`` (a copy of the
+    deploy stage's files, where launch.sh looks for them) and a manifest.json naming the recipe and the
+    model's format (what ``llmopt serve`` reads)."""
+    from llmopt.cache import write_json
+
+    target.mkdir(parents=True)
+    (target / "model").symlink_to(Path(ctx.model_dir).resolve(), target_is_directory=True)
+    shutil.copytree(ctx.inputs["deploy"], target / "deploy" / engine, ignore=shutil.ignore_patterns("manifest.json"))
+    model = ctx.input_manifests["model"]
+    write_json(target / "manifest.json", {
+        "recipe": {"name": ctx.recipe.recipe.name, "resolved": ctx.recipe.recipe.model_dump(mode="json")},
+        "stages": [{"name": model.get("stage"), "outputs": model.get("outputs") or {}}]})
+
+
+def outputs(result: dict) -> dict:
+    """The stage's outputs: where its files are, and the figures of each load point."""
+    started = result["target"].get("started") or {}
+    return {
+        "engine": started.get("engine"), "model": result["target"]["model"], "server": result["target"]["server"],
+        "workload": result["workload"], "slo": result["slo"],
+        "options": {k: result["options"][k] for k in ("requests", "warmup", "repeats")},
+        "points": [point_figures(p) for p in result["points"]],
+        "files": {"json": "bench.json", "markdown": "bench.md", "requests": "requests.jsonl", "log": "engine.log",
+                  "plots": result["files"].get("plots", [])},
+        "duration_s": result["duration_s"],
+    }
+
+
+def point_figures(point: dict) -> dict:
+    """TTFT / TPOT / ITL / end-to-end p50 and p99, throughput, goodput and errors of one load point."""
+    good = point.get("goodput")
+    return {
+        "load": point["load"], "requests": point["requests"],
+        **{key: ({q: point[key][q] for q in ("p50", "p99")} if point[key] else None) for key in FIGURES},
+        "request_throughput": point["request_throughput"], "output_throughput": point["output_throughput"],
+        "total_token_throughput": point["total_token_throughput"],
+        "goodput": {k: good[k] for k in ("requests_per_s", "fraction")} if good else None,
+        "errors": {kind: e["count"] for kind, e in point["errors"].items()},
+    }
