@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "llmopt" / "data"
+
+# A shell started in the background (`make test &`, some CI runners) ignores Ctrl-C, and the processes it starts
+# inherit that: the tests' llmopt subprocesses would never see the SIGINT the tests send them. A handler, unlike
+# an ignored signal, is reset to the default when a child starts, so the children get Ctrl-C as a terminal would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def train_tokenizer(folder: Path, vocab_size: int = 512) -> None:
