@@ -320,4 +320,9 @@ def from_gguf(path: str | Path) -> ModelInfo:
         vocab_size=int(meta.get("tokenizer.ggml.tokens") or meta.get(f"{arch}.vocab_size", 0)),
         tie_embeddings="output.weight" not in names,
         max_position=meta.get(f"{arch}.context_length"),
+        num_experts=int(meta.get(f"{arch}.expert_count", 0)),
+        experts_per_token=int(meta.get(f"{arch}.expert_used_count", 0)),
+        moe_intermediate_size=int(meta.get(f"{arch}.expert_feed_forward_length", 0)),
+        shared_experts=int(meta.get(f"{arch}.expert_shared_count", 0)),
+        dense_layers=int(meta.get(f"{arch}.leading_dense_block_count", 0)) if meta.get(f"{arch}.expert_count") else 0,
     )
