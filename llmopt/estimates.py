@@ -141,31 +141,33 @@ def checkpoint_weights(qconfig: dict | None, dtype: str) -> Stored | None:
     return Stored(bits, weights.get("group_size"), DTYPE_BYTES.get(dtype, 2), tensors=2, what=what)
 
 
-def linear_shapes(info: ModelInfo) -> dict[str, tuple[int, int, int]]:
-    """(rows, cols, count per layer) of each decoder linear kind: rows are output features."""
-    h, q, kv = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    experts = max(1, info.num_experts)
-    return {"q_proj": (q, h, 1), "k_proj": (kv, h, 1), "v_proj": (kv, h, 1), "o_proj": (h, q, 1),
-            "gate_proj": (info.intermediate_size, h, experts), "up_proj": (info.intermediate_size, h, experts),
-            "down_proj": (h, info.intermediate_size, experts)}
+def linear_shapes(info: ModelInfo) -> list[tuple[str, int, int, int]]:
+    """(kind, rows, cols, count in the whole model) of each decoder linear: rows are output features
+    (``ModelInfo.linears``: MoE experts and MLA projections included)."""
+    return info.linears()
 
 
 def size(layout: Layout, info: ModelInfo) -> dict[str, Any]:
     """Bytes of the folder a layout describes, for a model of ``info``'s shapes."""
     layers, hidden, vocab = info.num_layers, info.hidden_size, info.vocab_size
     linears = tensors = 0
-    for kind, (rows, cols, count) in linear_shapes(info).items():
+    for kind, rows, cols, count in linear_shapes(info):
         stored = layout.linears[kind]
-        linears += layers * count * stored.nbytes(rows, cols)
-        tensors += layers * count * stored.tensors
+        linears += count * stored.nbytes(rows, cols)
+        tensors += count * stored.tensors
     parts = {
         "decoder linears": linears,
         "embedding": layout.embedding.nbytes(vocab, hidden),
         "lm_head": layout.lm_head.nbytes(vocab, hidden) if layout.lm_head else 0,
-        "norms": (2 * layers + 1) * float_stored(layout.dtype).nbytes(1, hidden),
+        "norms": (2 * layers + 1) * float_stored(layout.dtype).nbytes(1, hidden)
+        + (layers * float_stored(layout.dtype).nbytes(1, info.q_lora_rank + info.kv_lora_rank)
+           if info.kv_lora_rank else 0),  # MLA's norms of the compressed query and KV
+        "routers": info.moe_layers * float_stored(layout.dtype).nbytes(info.num_experts, hidden)
+        if info.moe_layers else 0,
         **layout.extra,
     }
     tensors += layout.embedding.tensors + (layout.lm_head.tensors if layout.lm_head else 0) + 2 * layers + 1
+    tensors += info.moe_layers + (2 if info.q_lora_rank else 1 if info.kv_lora_rank else 0) * layers
     parts["container metadata"] = (tensors + layout.extra_tensors) * layout.tensor_bytes
     weights = sum(parts.values())
     files = sum(layout.files.values())

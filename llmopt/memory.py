@@ -19,6 +19,9 @@ Per GPU, with tensor parallel size ``tp`` and pipeline parallel size ``pp``::
 
     KV bytes per token (whole model) = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes
     KV bytes per token on one GPU    = 2 x layers/pp x max(1, kv_heads/tp) x head_dim x KV bytes
+    MLA (DeepSeek-V2/V3, Kimi-K2)    = layers/pp x (kv_lora_rank + qk_rope_head_dim) x KV bytes, on every GPU
+    sliding-window layers keep min(sequence length, window) tokens of a sequence, so with them the bytes
+    per token are an average over the workload's sequence length (``kv_bytes_per_sequence``).
 
 The overheads are assumptions, stated as the constants below; engines profile the real
 figures at start-up, so the predicted capacity is an estimate to plan with, not a promise.
@@ -144,10 +147,29 @@ def valid_tp_sizes(info: ModelInfo, limit: int) -> list[int]:
     return out
 
 
-def kv_bytes_per_token_per_gpu(info: ModelInfo, kv_bytes: float, tp: int = 1, pp: int = 1) -> int:
-    """KV cache bytes of one token on one GPU (with tp = pp = 1: of the whole model)."""
-    kv_heads = max(1, info.num_kv_heads // tp) if info.num_kv_heads >= tp else 1
-    return int(2 * math.ceil(info.num_layers / pp) * kv_heads * info.head_dim * kv_bytes)
+def kv_bytes_per_sequence(info: ModelInfo, kv_bytes: float, seq_len: int, tp: int = 1, pp: int = 1) -> int:
+    """KV cache bytes of one sequence of ``seq_len`` tokens on one GPU: full-attention layers keep every token,
+    sliding-window layers the last ``sliding_window`` (what vLLM's SlidingWindowSpec and SGLang's SWA pool keep
+    once a sequence is past the window; during a prefill chunk vLLM holds the window plus the chunk)."""
+    per_layer = info.kv_values_per_layer(tp) * kv_bytes
+    full, sliding = info.num_layers - info.sliding_layers, info.sliding_layers
+    tokens = math.ceil(full / pp) * seq_len + math.ceil(sliding / pp) * min(seq_len, info.sliding_window or seq_len)
+    return int(per_layer * tokens)
+
+
+def kv_bytes_per_token_per_gpu(info: ModelInfo, kv_bytes: float, tp: int = 1, pp: int = 1,
+                               seq_len: int | None = None) -> int:
+    """KV cache bytes of one token on one GPU (with tp = pp = 1: of the whole model); with ``seq_len``, the
+    average over a sequence of that length (sliding-window layers keep at most their window), else every
+    layer charged in full.
+
+    MLA (``kv_lora_rank``) keeps kv_lora_rank + qk_rope_head_dim values per token and layer, one copy on every
+    tensor-parallel rank: vLLM's MLAAttentionSpec (v1/kv_cache_interface.py: block_size x 1 KV head x
+    head_size x dtype, head_size = kv_lora_rank + qk_rope_head_dim, no factor 2 for K and V) and SGLang's
+    MLATokenToKVPool. Other attention keeps K and V of its share of the KV heads."""
+    if seq_len and info.sliding_layers:
+        return math.ceil(kv_bytes_per_sequence(info, kv_bytes, seq_len, tp, pp) / seq_len)
+    return int(math.ceil(info.num_layers / pp) * info.kv_values_per_layer(tp) * kv_bytes)
 
 
 def activation_bytes(info: ModelInfo, tp: int, batched_tokens: int, num_seqs: int) -> int:
@@ -190,17 +212,18 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         per_gpu_weights = math.ceil(weight_bytes / (tp * pp))
         over = overhead_bytes(info, tp, pp, batched, seqs, eager)
         budget = kv_budget(own_budget, gpu, util, per_gpu_weights, over, batched, tp, pp)
-        per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp)
+        per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, seq_len)
         tokens = max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
-        fits = tokens >= max_model_len and tokens >= KV_HEADROOM * concurrency * seq_len
+        full = _full_length_tokens(info, kv_bytes, tp, pp, budget, max_model_len, tokens)
+        fits = full >= max_model_len and tokens >= KV_HEADROOM * concurrency * seq_len
         return {"tensor_parallel_size": tp, "weight_bytes_per_gpu": per_gpu_weights, "overhead_bytes_per_gpu": over,
                 "kv_budget_bytes_per_gpu": max(0, budget), "kv_bytes_per_token_per_gpu": per_token,
-                "kv_tokens": tokens, "fits_workload": fits}
+                "kv_tokens": tokens, "kv_tokens_at_max_model_len": full, "fits_workload": fits}
 
     tried = [evaluate(tp) for tp in candidates]
     chosen = next((t for t in tried if t["fits_workload"]), None)
     if chosen is None:
-        chosen = next((t for t in reversed(tried) if t["kv_tokens"] >= max_model_len), None)
+        chosen = next((t for t in reversed(tried) if t["kv_tokens_at_max_model_len"] >= max_model_len), None)
         if chosen is None:
             raise UsageError(_no_fit_message(info, gpu, count, max_model_len, util, tried[-1]), where=where,
                              fix=_no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched,
@@ -234,6 +257,16 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
     plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)
     plan.engine_defaults["memory_fraction"] = own_fraction
     return plan
+
+
+def _full_length_tokens(info: ModelInfo, kv_bytes: float, tp: int, pp: int, budget: int, max_model_len: int,
+                        tokens: int) -> int:
+    """KV capacity in tokens when every sequence is ``max_model_len`` long (``tokens`` unless sliding-window
+    layers make the charge per token depend on the length)."""
+    if not info.sliding_layers:
+        return tokens
+    per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len)
+    return max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
 
 
 def kv_budget(engine: str | None, gpu: GPU, util: float, weights: int, over: int, batched: int, tp: int,
@@ -337,10 +370,11 @@ def _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weigh
         data_parallel_size=dp, expert_parallel_size=ep, gpu_memory_utilization=util, max_model_len=max_model_len,
         max_num_seqs=seqs, max_num_batched_tokens=batched, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_bytes_per_gpu=chosen["weight_bytes_per_gpu"], kv_dtype_bytes=kv_bytes,
-        kv_bytes_per_token=kv_bytes_per_token_per_gpu(info, kv_bytes, 1),
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(info, kv_bytes, 1, 1, seq_len),
         kv_bytes_per_token_per_gpu=chosen["kv_bytes_per_token_per_gpu"],
         overhead_bytes_per_gpu=chosen["overhead_bytes_per_gpu"], kv_budget_bytes_per_gpu=chosen["kv_budget_bytes_per_gpu"],
-        kv_tokens=tokens, full_length_sequences=tokens // max_model_len, workload_sequences=tokens // seq_len,
+        kv_tokens=tokens, full_length_sequences=chosen["kv_tokens_at_max_model_len"] // max_model_len,
+        workload_sequences=tokens // seq_len,
         workload_tokens=math.ceil(workload.concurrency / dp) * seq_len, tried=tried, warnings=warnings)
 
 
@@ -359,7 +393,7 @@ def _no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, p
             continue
         per_gpu = math.ceil(weight_bytes / (tp * pp))
         budget = int(gpu.memory_bytes * util) - per_gpu - overhead_bytes(info, tp, pp, batched, seqs, eager)
-        if budget // kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp) >= max_model_len:
+        if budget // kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len) >= max_model_len:
             hints.append(f"set [target] count = {tp * pp} (tensor parallel {tp})")
             break
     if last["kv_tokens"] >= BLOCK_SIZE:

@@ -116,7 +116,7 @@ def step_ms(info, gpu, tp: int, pp: int, weight_bytes_per_gpu: int, tokens: int)
     """Estimated time of one decode step that also runs a prefill chunk of ``tokens``: the weights read once
     at the GPU's bandwidth plus 2 FLOPs per linear parameter per token at ``PREFILL_MFU`` of peak."""
     read = weight_bytes_per_gpu / (gpu.bandwidth_gbs * 1e9)
-    flops = 2 * info.linear_params / (tp * pp) * tokens
+    flops = 2 * info.active_linear_params / (tp * pp) * tokens  # MoE: the routed and shared experts only
     compute = flops / (DENSE_TFLOPS.get(gpu.name, 100) * 1e12 * PREFILL_MFU)
     return (read + compute) * 1000
 
