@@ -241,7 +241,7 @@ class SglangServe:
             recipe = ctx.recipe.recipe
             merged = server_args(options, planned, recipe, ctx.model, quant,
                                  inputs.model_dtype(recipe, ctx.model, ctx.gpu))
-            found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target.count,
+            found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target,
                                          ctx.where("extra_args"))
         return problems + found + extras.problems(merged, overrides(options), extra, ctx.where("extra_args"),
                                                   "extra_args", PARALLEL)

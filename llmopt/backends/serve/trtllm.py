@@ -211,7 +211,7 @@ class TrtllmServe:
             recipe, quant = ctx.recipe.recipe, inputs.plan_quantization(ctx)
             merged = merged_config(options, planned, recipe, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
                                    trtllm_kv_dtype(options, quant))
-            found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target.count, ctx.where("extra"))
+            found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra"))
         return problems + found + extras.problems(merged, options.override, options.extra, ctx.where("extra"),
                                                   "extra", PARALLEL)
 

@@ -253,7 +253,7 @@ class VllmServe:
             recipe, quant = ctx.recipe.recipe, inputs.plan_quantization(ctx)
             merged = merged_config(options, planned, recipe, quant, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
                                    kv_cache_dtype(options, quant), ctx.gpu)
-            found += inputs.gpu_problems("vllm", gpu_sizes(merged.config), recipe.target.count, ctx.where("extra_args"))
+            found += inputs.gpu_problems("vllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra_args"))
         found += extras.problems(merged, overrides(options), extra, ctx.where("extra_args"), "extra_args", PARALLEL)
         return problems + found
 
