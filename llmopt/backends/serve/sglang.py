@@ -22,7 +22,7 @@ from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, StageContext
-from llmopt.deploy import extras, files, flags, inputs
+from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -278,12 +278,28 @@ class SglangServe:
             # (20 s) for it, so it is the liveness route with a longer timeout. The image (docker/Dockerfile)
             # has no non-root user: it runs as root.
             ready_path="/ready", live_path="/health", live_timeout=30, notes=notes(planned, args))
-        written = files.write_all(folder, launch)
+        if planned.nodes > 1:
+            launch.gpus = gpus // planned.nodes
+            written = nodes.write_all(folder, launch, node_commands(launch, planned.nodes))
+        else:
+            written = files.write_all(folder, launch)
         return {"engine": "sglang", "engine_version": flags.SGLANG_VERSION, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/sglang/{f}" for f in written],
-                "served_model_name": recipe.name, "gpus": gpus, "args": args,
+                "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": args,
                 "quantization": args.get("quantization") or (quant or {}).get("quant_method"),
                 "memory": planned.to_dict(), "validated_by": validation["validated_by"], "warnings": planned.warnings}
+
+
+DIST_PORT = 20000  # the leader's port of torch.distributed's rendezvous (SGLang's docs and the LWS example)
+
+
+def node_commands(launch: files.Launch, count: int) -> nodes.NodeCommands:
+    """SGLang 0.5.23's multi-node launch (docs/references/multi_node_deployment): the same launch_server on
+    every node with ``--nnodes``, ``--node-rank`` and ``--dist-init-addr <leader>:<port>``; node 0 serves HTTP."""
+    line = nodes.shell_join([*launch.entrypoint, *launch.args, "--nnodes", "{nodes}", "--node-rank", "{rank}",
+                             "--dist-init-addr", f"{{leader}}:{DIST_PORT}"])
+    return nodes.NodeCommands(count, f"exec {line}", f"exec {line}",
+                              ("SGLang: every node runs launch_server with its --node-rank; node 0 serves HTTP.",))
 
 
 def kv_bytes_dtype(options: SglangOptions) -> str:
