@@ -20,6 +20,7 @@ way: ``{leader}`` (the leader's address), ``{rank}`` (this node's index, 0 on th
 
 from __future__ import annotations
 
+import copy
 import shlex
 from dataclasses import dataclass
 
@@ -81,8 +82,9 @@ def compose(launch: files.Launch, commands: NodeCommands) -> dict:
     base = files.compose(launch)["services"][files.dns_name(launch.name)]
     services = {}
     for role, text in (("leader", leader), ("worker", worker)):
-        service = {k: v for k, v in base.items() if k not in ("ports", "healthcheck", "command", "entrypoint")}
-        service |= {"entrypoint": SHELL, "command": [text], "network_mode": "host", "ipc": "host"}
+        service = {k: copy.deepcopy(v) for k, v in base.items()
+                   if k not in ("ports", "healthcheck", "command", "entrypoint")}
+        service |= {"entrypoint": list(SHELL), "command": [text], "network_mode": "host", "ipc": "host"}
         if role == "leader":
             service["healthcheck"] = base["healthcheck"]
         services[role] = service
@@ -99,11 +101,12 @@ def leader_worker_set(launch: files.Launch, commands: NodeCommands) -> list[dict
     pod = deployment["spec"]["template"]["spec"]
 
     def template(role: str, text: str) -> dict:
-        container = dict(pod["containers"][0], command=SHELL, args=[text], name=f"{launch.engine}-{role}")
+        spec = copy.deepcopy(pod)  # each template its own objects (YAML without anchors)
+        container = dict(spec["containers"][0], command=list(SHELL), args=[text], name=f"{launch.engine}-{role}")
         if role == "worker":  # workers serve no HTTP: no port, no HTTP probes (the group restarts as one)
             for key in ("ports", "startupProbe", "readinessProbe", "livenessProbe"):
                 container.pop(key)
-        return {"metadata": {"labels": {**labels, "role": role}}, "spec": dict(pod, containers=[container])}
+        return {"metadata": {"labels": {**labels, "role": role}}, "spec": dict(spec, containers=[container])}
 
     lws = {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": {"name": name, "labels": dict(labels)},
