@@ -181,3 +181,9 @@ def test_a_recipe_tensor_parallel_over_one_node_is_refused(tmp_path):
                          config=LLAMA_405B, target=TWO_NODES)
     assert any("tensor_parallel_size 16 spans more than one node of 8 GPUs" in e and
                "set tensor_parallel_size to 8 or less" in e for e in errors), errors
+
+
+def test_trtllm_over_several_nodes_is_refused_with_the_engines_that_can(tmp_path):
+    errors = plan_errors(tmp_path, "trtllm", config=LLAMA_405B, target=TWO_NODES)
+    assert any("TensorRT-LLM launch files for a replica over several nodes" in e and 'serve.backend = "vllm"' in e
+               for e in errors), errors

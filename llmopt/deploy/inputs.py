@@ -145,7 +145,7 @@ def gpu_problems(engine: str, sizes: dict[str, int], target, where: str) -> list
     gpus, count, nodes = reserved(sizes), target.count * target.nodes, target.nodes
     product = " x ".join(f"{k} {v}" for k, v in sizes.items() if v != 1) or "1"
     if gpus > count:
-        have = f"count {count}" if nodes == 1 else f"count {target.count} x nodes {nodes} = {count}"
+        have = f"count is {count}" if nodes == 1 else f"count {target.count} x nodes {nodes} is {count}"
         return [Problem(f"the {engine} config reserves {gpus} GPUs per replica ({product}), but [target] {have}",
                         where, f"raise [target] count to {gpus} or lower the parallel sizes" if nodes == 1 else
                         f"raise [target] nodes to {-(-gpus // target.count)} or lower the parallel sizes")]
