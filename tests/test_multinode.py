@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_deploy_configs import DEMO, plan_errors, planned
 
 from llmopt import memory, registry
 from llmopt.backends.base import StageContext
@@ -20,7 +21,6 @@ from llmopt.errors import UsageError
 from llmopt.estimates import float_weight_bytes
 from llmopt.modelinfo import from_config
 from llmopt.recipe.schema import Workload
-from test_deploy_configs import DEMO, plan_errors, planned
 
 DATA = Path(__file__).parent / "data"
 # Llama-3.1-405B's config.json facts (meta-llama/Llama-3.1-405B): 126 layers, hidden 16384, 128 heads over

@@ -55,8 +55,8 @@ def launch_script(launch: files.Launch, commands: NodeCommands) -> str:
     leader, worker = commands.fill(launch, ".", "./model", '"$LEADER_ADDRESS"', '"$NODE_RANK"', str(commands.nodes))
     return "\n".join([
         "#!/usr/bin/env bash",
-        f"# Starts node $NODE_RANK of {commands.nodes} of one {launch.engine} replica for the artifact two folders up "
-        "(written by llmopt).",
+        f"# Starts node $NODE_RANK of {commands.nodes} of one {launch.engine} replica for the artifact two folders up.",
+        "# (written by llmopt)",
         "# Run it on every node: NODE_RANK=0 on the leader (it serves HTTP), 1..N-1 on the workers, and",
         "# LEADER_ADDRESS = the leader's address on the network the nodes share (workers start after the leader).",
         *[f"# {note}" for note in (*launch.notes, *commands.notes)],

@@ -11,7 +11,9 @@ SGLang defines it. Options are checked against the flag table of SGLang 0.5.23 (
 installed).
 Needs: pyyaml (the ``deploy`` extra).
 Produces: ``deploy/sglang/launch.sh``, ``docker-compose.yaml`` and ``kubernetes.yaml``
-(image ``lmsysorg/sglang``); the arguments are in the manifest's deploy record.
+(image ``lmsysorg/sglang``); the arguments are in the manifest's deploy record. For a replica over
+``[target] nodes`` > 1, every node runs launch_server with ``--nnodes``, ``--node-rank`` and
+``--dist-init-addr`` (``llmopt.deploy.nodes``: per-node launch.sh, compose services, a LeaderWorkerSet).
 """
 
 from __future__ import annotations

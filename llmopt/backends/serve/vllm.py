@@ -8,7 +8,9 @@ when a Python with vLLM is named (option ``engine_python`` or ``LLMOPT_VLLM_PYTH
 ``make vllm-env`` builds one), else against the flag table of vLLM 0.33.0.
 Needs: pyyaml (the ``deploy`` extra); vLLM itself only to validate, in its own environment.
 Produces: ``deploy/vllm/config.yaml`` (long option names as keys), ``launch.sh``,
-``docker-compose.yaml`` and ``kubernetes.yaml`` (image ``vllm/vllm-openai``).
+``docker-compose.yaml`` and ``kubernetes.yaml`` (image ``vllm/vllm-openai``); for a replica over
+``[target] nodes`` > 1, a Ray cluster over the nodes (``llmopt.deploy.nodes``: per-node launch.sh,
+leader/worker compose services, a LeaderWorkerSet).
 """
 
 from __future__ import annotations
