@@ -84,7 +84,7 @@ def compose(launch: files.Launch, commands: NodeCommands) -> dict:
     for role, text in (("leader", leader), ("worker", worker)):
         service = {k: copy.deepcopy(v) for k, v in base.items()
                    if k not in ("ports", "healthcheck", "command", "entrypoint")}
-        service |= {"entrypoint": list(SHELL), "command": [text], "network_mode": "host", "ipc": "host"}
+        service |= {"entrypoint": list(SHELL), "command": [text], "network_mode": "host"}
         if role == "leader":
             service["healthcheck"] = base["healthcheck"]
         services[role] = service
