@@ -116,6 +116,7 @@ def build_manifest(plan: Plan, manifests: dict, gates: list[dict], deploy: dict)
         "estimates": plan.estimates,
         "target": plan.gpu.to_dict() if plan.gpu else {"device": "cpu"},
         "hardware": {"gpu": plan.gpu.name if plan.gpu else None, "count": recipe.recipe.target.count,
+                     "nodes": recipe.recipe.target.nodes,
                      "serving_gpus": deploy.get("gpus", (deploy.get("memory") or {}).get("gpus")),
                      "built_on": _machine()},
         "deploy": deploy,

@@ -127,6 +127,10 @@ def checkpoint_weights(qconfig: dict | None, dtype: str) -> Stored | None:
         bits, group = int(qconfig.get("bits", 4)), qconfig.get("group_size") or None
         return Stored(bits, group if group and group > 0 else None, 2, bits, word_bytes=4, zero_word_bytes=4,
                       column_bytes=4, tensors=4, what=f"{method} int{bits}, fp16 scale + zero point per {group} columns")
+    if method == "fp8" and qconfig.get("weight_block_size"):  # DeepSeek-V3's block FP8: an fp32 scale per block
+        block_rows, block_cols = qconfig["weight_block_size"]
+        return Stored(8, block_cols, 4 / block_rows, tensors=2, what=f"fp8 e4m3, fp32 scale per {block_rows}x"
+                      f"{block_cols} block")
     groups = qconfig.get("config_groups") or {}
     weights = next((g.get("weights") for g in groups.values() if g.get("weights")), None)
     if method != "compressed-tensors" or not weights:

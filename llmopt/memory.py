@@ -92,6 +92,7 @@ class MemoryPlan:
     engine_defaults: dict = field(default_factory=dict)  # the engine version's own choices on this GPU
     memory_fraction: float | None = None  # the engine's memory knob: gpu-memory-utilization (vLLM),
     #                                       free_gpu_memory_fraction (TensorRT-LLM), mem-fraction-static (SGLang)
+    nodes: int = 1  # nodes one replica spans (pipeline stages are split across them)
 
     @property
     def gpus(self) -> int:
@@ -188,18 +189,26 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
                 tensor_parallel_size: int | None = None, pipeline_parallel_size: int = 1,
                 data_parallel_size: int | str = 1, max_num_seqs: int | None = None,
                 max_num_batched_tokens: int | None = None, eager: bool = False, where: str = "",
-                engine: str = "vllm", chunked: bool = True, tpot_p99_ms: float | None = None) -> MemoryPlan:
-    """Choose parallel sizes for ``workload`` (input_len, output_len, concurrency) on ``count`` GPUs and the
+                engine: str = "vllm", chunked: bool = True, tpot_p99_ms: float | None = None,
+                nodes: int = 1) -> MemoryPlan:
+    """Choose parallel sizes for ``workload`` (input_len, output_len, concurrency) on ``count`` GPUs per node
+    of ``nodes`` nodes (tensor parallel within a node, pipeline parallel across nodes: at least ``nodes``
+    stages when a replica spans more than one) and the
     scheduler limits of ``engine`` (its own defaults unless the KV cache or ``tpot_p99_ms`` asks for less:
     ``limits``); raise UsageError when not even one ``max_model_len`` sequence fits."""
     own = engines.engine_defaults(engine, gpu, max_model_len=max_model_len)
     util = utilization or own.gpu_memory_utilization or GPU_MEMORY_UTILIZATION
-    pp = pipeline_parallel_size
+    pp = nodes if nodes > 1 and pipeline_parallel_size == 1 else pipeline_parallel_size
     dp = 1 if data_parallel_size == "auto" else int(data_parallel_size)
+    per_node, count = count, count * nodes
+    if nodes > 1 and pp % nodes:
+        raise UsageError(f"pipeline_parallel_size {pp} does not split over the {nodes} nodes of [target]",
+                         where=where, fix=f"leave pipeline_parallel_size unset (it is then {nodes}) or use a "
+                         f"multiple of {nodes}")
     if count < pp * dp:
         raise UsageError(f"pipeline x data parallel size {pp} x {dp} needs {pp * dp} GPUs; the target has {count}",
                          where=where, fix="raise [target] count or lower the parallel sizes")
-    candidates = _tp_candidates(info, count, pp, dp, tensor_parallel_size, where)
+    candidates = _tp_candidates(info, count, pp, dp, tensor_parallel_size, where, per_node, nodes)
     seq_len = min(max_model_len, workload.input_len + workload.output_len)
     concurrency = math.ceil(workload.concurrency / dp)  # what the workload's KV needs, not a scheduler limit
     seqs = max_num_seqs or own.max_num_seqs
@@ -227,7 +236,7 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         if chosen is None:
             raise UsageError(_no_fit_message(info, gpu, count, max_model_len, util, tried[-1]), where=where,
                              fix=_no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched,
-                                             seqs, eager, tried[-1]))
+                                             seqs, eager, tried[-1], per_node))
     tp = chosen["tensor_parallel_size"]
     if data_parallel_size == "auto":
         dp = max(1, count // (tp * pp))
@@ -254,6 +263,7 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
     if plan.memory_fraction != own_fraction:
         reasons["memory_fraction"] = (f"from the recipe's gpu_memory_utilization {utilization} ("
                                       f"{engines.LABELS.get(engine, engine)} {own.version}'s default: {own_fraction})")
+    plan.nodes = nodes
     plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)
     plan.engine_defaults["memory_fraction"] = own_fraction
     return plan
@@ -295,8 +305,16 @@ def _fraction(engine: str, plan: MemoryPlan) -> float:
 
 
 def _tp_candidates(info: ModelInfo, count: int, pp: int, dp: int, tensor_parallel_size: int | None,
-                   where: str) -> list[int]:
-    limit = count // (pp * dp)
+                   where: str, per_node: int | None = None, nodes: int = 1) -> list[int]:
+    """Tensor parallel sizes to try: within one node (tensor parallel all-reduces every layer, which the
+    links between nodes are too slow for)."""
+    per_node = per_node or count
+    limit = min(count // (pp * dp), per_node)
+    if tensor_parallel_size is not None and tensor_parallel_size > per_node:
+        across = "; pipeline parallel splits the layers across the nodes" if nodes > 1 else \
+            ", or set [target] nodes to spread a replica over more nodes (pipeline parallel across them)"
+        raise UsageError(f"tensor_parallel_size {tensor_parallel_size} spans more than one node of {per_node} GPUs",
+                         where=where, fix=f"set tensor_parallel_size to {per_node} or less{across}")
     if tensor_parallel_size is None:
         return valid_tp_sizes(info, limit)
     if tensor_parallel_size not in valid_tp_sizes(info, tensor_parallel_size):
@@ -378,6 +396,9 @@ def _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weigh
         workload_tokens=math.ceil(workload.concurrency / dp) * seq_len, tried=tried, warnings=warnings)
 
 
+NODE_GPUS = 8  # GPUs of the common GPU server (HGX / DGX boards): the largest count a fix suggests
+
+
 def _no_fit_message(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, util: float, last: dict) -> str:
     return (f"the model does not fit on {count} x {gpu.name}: at tensor parallel size {last['tensor_parallel_size']} "
             f"the weights take {last['weight_bytes_per_gpu'] / GiB:.1f} GiB per GPU and the engine's overheads "
@@ -386,7 +407,8 @@ def _no_fit_message(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, u
             f"of max_model_len {max_model_len:,} needs {max_model_len:,}")
 
 
-def _no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched, seqs, eager, last) -> str:
+def _no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched, seqs, eager, last,
+                per_node=None) -> str:
     hints = []
     for tp in valid_tp_sizes(info, 64):
         if tp * pp <= count:
@@ -394,7 +416,13 @@ def _no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, p
         per_gpu = math.ceil(weight_bytes / (tp * pp))
         budget = int(gpu.memory_bytes * util) - per_gpu - overhead_bytes(info, tp, pp, batched, seqs, eager)
         if budget // kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len) >= max_model_len:
-            hints.append(f"set [target] count = {tp * pp} (tensor parallel {tp})")
+            node = max(per_node or count, NODE_GPUS)
+            if tp * pp > node:  # more than one node: tensor parallel within a node, pipeline parallel across
+                nodes = math.ceil(tp * pp / node)
+                hints.append(f"set [target] count = {node} and nodes = {nodes} (tensor parallel {node} within a "
+                             f"node x pipeline parallel {nodes} across nodes)")
+            else:
+                hints.append(f"set [target] count = {tp * pp} (tensor parallel {tp})")
             break
     if last["kv_tokens"] >= BLOCK_SIZE:
         hints.append(f"lower serve.max_model_len to {last['kv_tokens']:,} or less")

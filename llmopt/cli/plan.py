@@ -64,6 +64,8 @@ def _show(console, the_plan) -> None:
     if kv and not kv.get("fits"):
         console.print(f"KV cache on {the_plan.gpu.name}: does not fit ({kv['reason']})")
     elif kv:
-        console.print(f"KV cache on {the_plan.gpu.name}: {kv['kv_tokens']:,} tokens "
+        across = f" over {kv['nodes']} nodes (tp {kv['tensor_parallel_size']} x pp {kv['pipeline_parallel_size']})" \
+            if kv.get("nodes", 1) > 1 else ""
+        console.print(f"KV cache on {the_plan.gpu.name}{across}: {kv['kv_tokens']:,} tokens "
                       f"({kv['full_length_sequences']} sequences at full length)")
     console.print(f"artifact: {the_plan.output_dir}")

@@ -46,7 +46,8 @@ def estimated_memory(loaded, info: ModelInfo, gpu, weight_bytes: int) -> memory.
         return memory_plan(serve, recipe.target, info, gpu, options, weight_bytes, "estimate", kv, eager=eager)
     max_len, workload = (serve.max_model_len, serve.workload) if serve is not None else (4096, Workload())
     return memory.plan_memory(info, gpu, recipe.target.count, max_len, workload, weight_bytes=weight_bytes,
-                              kv_bytes=kv, eager=eager, engine=serve.backend if serve is not None else "vllm")
+                              kv_bytes=kv, eager=eager, engine=serve.backend if serve is not None else "vllm",
+                              nodes=recipe.target.nodes)
 
 
 def read_config(model_dir: Path) -> dict:
@@ -93,7 +94,7 @@ def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int,
         tensor_parallel_size=options.tensor_parallel_size, pipeline_parallel_size=options.pipeline_parallel_size,
         data_parallel_size=getattr(options, "data_parallel_size", 1), max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=batched, eager=eager, where=where, engine=serve.backend, chunked=chunked,
-        tpot_p99_ms=serve.slo.tpot_p99_ms)
+        tpot_p99_ms=serve.slo.tpot_p99_ms, nodes=target.nodes)
 
 
 def plan_estimate(options, ctx, kv_cache_dtype: str, eager: bool = False
@@ -138,14 +139,20 @@ def plan_quantization(ctx) -> dict | None:
     return checkpoint_quantization(folder) if folder.is_dir() else None
 
 
-def gpu_problems(engine: str, sizes: dict[str, int], count: int, where: str) -> list[Problem]:
-    """The config reserves more GPUs than [target] has (``sizes``: the parallel sizes that multiply)."""
-    gpus = reserved(sizes)
-    if gpus <= count:
-        return []
+def gpu_problems(engine: str, sizes: dict[str, int], target, where: str) -> list[Problem]:
+    """The config reserves more GPUs than [target] has (``sizes``: the parallel sizes that multiply), or a
+    replica over several nodes does not fill them evenly."""
+    gpus, count, nodes = reserved(sizes), target.count * target.nodes, target.nodes
     product = " x ".join(f"{k} {v}" for k, v in sizes.items() if v != 1) or "1"
-    return [Problem(f"the {engine} config reserves {gpus} GPUs per replica ({product}), but [target] count is "
-                    f"{count}", where, f"raise [target] count to {gpus} or lower the parallel sizes")]
+    if gpus > count:
+        have = f"count is {count}" if nodes == 1 else f"count {target.count} x nodes {nodes} is {count}"
+        return [Problem(f"the {engine} config reserves {gpus} GPUs per replica ({product}), but [target] {have}",
+                        where, f"raise [target] count to {gpus} or lower the parallel sizes" if nodes == 1 else
+                        f"raise [target] nodes to {-(-gpus // target.count)} or lower the parallel sizes")]
+    if nodes > 1 and gpus % nodes:
+        return [Problem(f"the {engine} config's {gpus} GPUs ({product}) do not split evenly over {nodes} nodes",
+                        where, f"use parallel sizes whose product is a multiple of {nodes}")]
+    return []
 
 
 def reserved(sizes: dict[str, int]) -> int:

@@ -86,7 +86,11 @@ class TargetSection(Section):
     gpu: str | None = Field(
         None, description="Target GPU from the catalogue (`llmopt ls gpus`), e.g. H100-SXM-80GB. None: CPU."
     )
-    count: int = Field(1, ge=1, le=64, description="GPUs available to one serving replica.")
+    count: int = Field(1, ge=1, le=64, description="GPUs of one node (machine) available to a serving replica; "
+                       "a replica spread over `nodes` nodes uses count x nodes GPUs.")
+    nodes: int = Field(1, ge=1, le=64, description="Nodes one serving replica may span. Above 1, tensor parallel "
+                       "stays within a node (at most count) and pipeline parallel splits the layers across nodes "
+                       "(pipeline_parallel_size = nodes by default); the launch files start one process per node.")
 
 
 class Workload(Section):

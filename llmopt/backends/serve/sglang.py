@@ -11,7 +11,9 @@ SGLang defines it. Options are checked against the flag table of SGLang 0.5.23 (
 installed).
 Needs: pyyaml (the ``deploy`` extra).
 Produces: ``deploy/sglang/launch.sh``, ``docker-compose.yaml`` and ``kubernetes.yaml``
-(image ``lmsysorg/sglang``); the arguments are in the manifest's deploy record.
+(image ``lmsysorg/sglang``); the arguments are in the manifest's deploy record. For a replica over
+``[target] nodes`` > 1, every node runs launch_server with ``--nnodes``, ``--node-rank`` and
+``--dist-init-addr`` (``llmopt.deploy.nodes``: per-node launch.sh, compose services, a LeaderWorkerSet).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, StageContext
-from llmopt.deploy import extras, files, flags, inputs
+from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -241,7 +243,7 @@ class SglangServe:
             recipe = ctx.recipe.recipe
             merged = server_args(options, planned, recipe, ctx.model, quant,
                                  inputs.model_dtype(recipe, ctx.model, ctx.gpu))
-            found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target.count,
+            found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target,
                                          ctx.where("extra_args"))
         return problems + found + extras.problems(merged, overrides(options), extra, ctx.where("extra_args"),
                                                   "extra_args", PARALLEL)
@@ -278,12 +280,28 @@ class SglangServe:
             # (20 s) for it, so it is the liveness route with a longer timeout. The image (docker/Dockerfile)
             # has no non-root user: it runs as root.
             ready_path="/ready", live_path="/health", live_timeout=30, notes=notes(planned, args))
-        written = files.write_all(folder, launch)
+        if planned.nodes > 1:
+            launch.gpus = gpus // planned.nodes
+            written = nodes.write_all(folder, launch, node_commands(launch, planned.nodes))
+        else:
+            written = files.write_all(folder, launch)
         return {"engine": "sglang", "engine_version": flags.SGLANG_VERSION, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/sglang/{f}" for f in written],
-                "served_model_name": recipe.name, "gpus": gpus, "args": args,
+                "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": args,
                 "quantization": args.get("quantization") or (quant or {}).get("quant_method"),
                 "memory": planned.to_dict(), "validated_by": validation["validated_by"], "warnings": planned.warnings}
+
+
+DIST_PORT = 20000  # the leader's port of torch.distributed's rendezvous (SGLang's docs and the LWS example)
+
+
+def node_commands(launch: files.Launch, count: int) -> nodes.NodeCommands:
+    """SGLang 0.5.23's multi-node launch (docs/references/multi_node_deployment): the same launch_server on
+    every node with ``--nnodes``, ``--node-rank`` and ``--dist-init-addr <leader>:<port>``; node 0 serves HTTP."""
+    line = nodes.shell_join([*launch.entrypoint, *launch.args, "--nnodes", "{nodes}", "--node-rank", "{rank}",
+                             "--dist-init-addr", f"{{leader}}:{DIST_PORT}"])
+    return nodes.NodeCommands(count, f"exec {line}", f"exec {line}",
+                              ("SGLang: every node runs launch_server with its --node-rank; node 0 serves HTTP.",))
 
 
 def kv_bytes_dtype(options: SglangOptions) -> str:

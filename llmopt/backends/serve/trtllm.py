@@ -64,6 +64,12 @@ ULIMITS = {"memlock": -1, "stack": 67108864}
 LIMITS = {"max_num_seqs": "max_batch_size", "max_num_batched_tokens": "max_num_tokens"}
 
 
+# a replica over several nodes runs in one MPI world (mpirun / srun with trtllm-llmapi-launch), which needs SSH
+# or Slurm between the nodes: llmopt does not write that launch yet
+MULTI_NODE = "TensorRT-LLM launch files for a replica over several nodes ([target] nodes > 1) are not written yet"
+MULTI_NODE_FIX = "serve across nodes with serve.backend = \"vllm\" or \"sglang\", or set [target] nodes = 1"
+
+
 class TrtllmOptions(files.DeploymentOptions):
     gpu_memory_utilization: float | None = Field(
         None, gt=0.1, le=0.99, description="Share of each GPU the server may use in total; llmopt turns it into "
@@ -198,6 +204,8 @@ class TrtllmServe:
 
     def check(self, options: TrtllmOptions, ctx: PlanContext) -> list[Problem]:
         problems = []
+        if ctx.recipe.recipe.target.nodes > 1:
+            problems.append(Problem(MULTI_NODE, ctx.recipe.where("target"), MULTI_NODE_FIX))
         if options.moe_backend and ctx.model is not None and not ctx.model.num_experts:
             problems.append(Problem("moe_backend is set but the model has no experts", ctx.where("moe_backend"),
                                     "remove moe_backend", severity="warning"))
@@ -211,12 +219,14 @@ class TrtllmServe:
             recipe, quant = ctx.recipe.recipe, inputs.plan_quantization(ctx)
             merged = merged_config(options, planned, recipe, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
                                    trtllm_kv_dtype(options, quant))
-            found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target.count, ctx.where("extra"))
+            found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra"))
         return problems + found + extras.problems(merged, options.override, options.extra, ctx.where("extra"),
                                                   "extra", PARALLEL)
 
     def render(self, options: TrtllmOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
+        if recipe.target.nodes > 1:
+            raise UsageError(MULTI_NODE, where="target.nodes", fix=MULTI_NODE_FIX)
         if ctx.gpu is None:
             raise UsageError("TensorRT-LLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
         options = effective(options)

@@ -8,7 +8,9 @@ when a Python with vLLM is named (option ``engine_python`` or ``LLMOPT_VLLM_PYTH
 ``make vllm-env`` builds one), else against the flag table of vLLM 0.33.0.
 Needs: pyyaml (the ``deploy`` extra); vLLM itself only to validate, in its own environment.
 Produces: ``deploy/vllm/config.yaml`` (long option names as keys), ``launch.sh``,
-``docker-compose.yaml`` and ``kubernetes.yaml`` (image ``vllm/vllm-openai``).
+``docker-compose.yaml`` and ``kubernetes.yaml`` (image ``vllm/vllm-openai``); for a replica over
+``[target] nodes`` > 1, a Ray cluster over the nodes (``llmopt.deploy.nodes``: per-node launch.sh,
+leader/worker compose services, a LeaderWorkerSet).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pydantic import Field
 from llmopt import formats
 from llmopt import memory, validate_engine
 from llmopt.backends.base import PlanContext, StageContext
-from llmopt.deploy import extras, files, flags, inputs
+from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -211,6 +213,8 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
         "enable-chunked-prefill": options.enable_chunked_prefill,
         "enable-prefix-caching": options.enable_prefix_caching,
     }
+    if planned.nodes > 1:  # vLLM 0.33 spans nodes through a Ray cluster (docs/serving/parallelism_scaling.md)
+        config["distributed-executor-backend"] = "ray"
     if planned.expert_parallel_size > 1:
         config["enable-expert-parallel"] = True
     if options.enforce_eager:
@@ -221,6 +225,21 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
     if spec:
         config["speculative-config"] = spec
     return config
+
+
+RAY_PORT = 6379  # the Ray head's port (`ray start --head` default)
+
+
+def node_commands(launch: files.Launch, count: int) -> nodes.NodeCommands:
+    """A replica over ``count`` nodes as vLLM 0.33 documents it (docs/serving/parallelism_scaling.md and
+    examples/online_serving/multi-node-serving.sh): a Ray cluster, its head on the leader, which then runs
+    ``vllm serve`` with ``distributed-executor-backend: ray`` (config.yaml); the workers join the cluster and
+    block. vLLM waits for the Ray placement group of tp x pp GPUs, so the workers may join after it starts."""
+    serve = nodes.shell_join(launch.entrypoint + launch.args)
+    return nodes.NodeCommands(
+        count, f"ray start --head --port={RAY_PORT} && exec {serve}",
+        f"exec ray start --block --address={{leader}}:{RAY_PORT}",
+        ("vLLM: a Ray cluster of all nodes; the leader's vllm serve places tp x pp workers on it.",))
 
 
 @register("serve", "vllm")
@@ -253,7 +272,7 @@ class VllmServe:
             recipe, quant = ctx.recipe.recipe, inputs.plan_quantization(ctx)
             merged = merged_config(options, planned, recipe, quant, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
                                    kv_cache_dtype(options, quant), ctx.gpu)
-            found += inputs.gpu_problems("vllm", gpu_sizes(merged.config), recipe.target.count, ctx.where("extra_args"))
+            found += inputs.gpu_problems("vllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra_args"))
         found += extras.problems(merged, overrides(options), extra, ctx.where("extra_args"), "extra_args", PARALLEL)
         return problems + found
 
@@ -284,10 +303,13 @@ class VllmServe:
         # (vllm/entrypoints/serve/instrumentator/health.py): one route for readiness and liveness
         launch = files.Launch("vllm", recipe.name, f"{options.image}:{options.tag}", ["vllm", "serve"],
                               ["{model}", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
-                               "--port", str(options.port)], options.port, gpus, options, user=IMAGE_USER)
-        written = ["config.yaml", *files.write_all(folder, launch)]
+                               "--port", str(options.port)], options.port, gpus // planned.nodes, options,
+                              user=IMAGE_USER)
+        commands = node_commands(launch, planned.nodes) if planned.nodes > 1 else None
+        written = ["config.yaml", *(nodes.write_all(folder, launch, commands) if commands
+                                    else files.write_all(folder, launch))]
         return {"engine": "vllm", "engine_version": flags.VLLM_VERSION, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/vllm/{f}" for f in written],
-                "served_model_name": recipe.name, "gpus": gpus, "args": config,
+                "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": config,
                 "quantization": config.get("quantization"), "memory": planned.to_dict(),
                 "validated_by": validation["validated_by"], "warnings": planned.warnings}
