@@ -44,16 +44,22 @@ def make_artifact(root: Path, backend: str = "vllm", launch: str | None = None) 
     return folder
 
 
-@pytest.fixture
-def fake_vllm(tmp_path, monkeypatch):
-    """A ``vllm`` on PATH that serves the test server and starts a child; returns the child's pid file."""
+def put_fake_vllm(tmp_path: Path, monkeypatch, extra: str = "") -> Path:
+    """A ``vllm`` on PATH that serves the test server (with ``extra`` arguments) and starts a child; returns the
+    child's pid file."""
     bin_dir, child = tmp_path / "bin", tmp_path / "child.pid"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(f"#!/bin/sh\nshift\nexec {sys.executable} {FAKE} --owned-by vllm "
-                                  f"--child-pid-file {child} \"$@\"\n")
+                                  f"--child-pid-file {child} {extra} \"$@\"\n")
     (bin_dir / "vllm").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return child
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch) -> Path:
+    """A ``vllm`` on PATH that serves the test server and starts a child; returns the child's pid file."""
+    return put_fake_vllm(tmp_path, monkeypatch)
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:

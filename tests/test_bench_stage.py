@@ -8,7 +8,6 @@ tests/test_bench_fakeserver.py, so the vLLM launch.sh that the deploy stage writ
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import load_json, run_cli, write_recipe
-from test_bench_engine import FAKE, wait_for
+from test_bench_engine import put_fake_vllm, wait_for
 
 from llmopt import api
 from llmopt.bench import engine
@@ -39,18 +38,6 @@ requests = {requests}
 warmup = 1
 repeats = 1
 """
-
-
-def put_fake_vllm(tmp_path: Path, monkeypatch, extra: str = "") -> Path:
-    """A ``vllm`` on PATH that serves the test server (with ``extra`` arguments) and starts a child; returns the
-    child's pid file."""
-    bin_dir, child = tmp_path / "bin", tmp_path / "child.pid"
-    bin_dir.mkdir()
-    (bin_dir / "vllm").write_text(f"#!/bin/sh\nshift\nexec {sys.executable} {FAKE} --owned-by vllm "
-                                  f"--child-pid-file {child} {extra} \"$@\"\n")
-    (bin_dir / "vllm").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return child
 
 
 @pytest.fixture
