@@ -67,10 +67,13 @@ def plan_errors(tmp_path: Path, engine: str, serve: str = "", **kw) -> list[str]
     return [f"{p.message} | {p.hint}" for p in planned(tmp_path, engine, serve, **kw)[0].errors]
 
 
-def render(tmp_path: Path, engine: str, serve: str = "", **kw) -> tuple[dict, Path]:
-    """The serve backend's render on the config-only model; the plan must be clean."""
+def render(tmp_path: Path, engine: str, serve: str = "", weights: bool = True, **kw) -> tuple[dict, Path]:
+    """The serve backend's render on the config-only model; the plan must be clean. ``weights=False``: the
+    placeholder weights file is removed after planning, so the render sizes the model from its config."""
     plan, source = planned(tmp_path, engine, serve, **kw)
     assert not plan.errors, [p.message for p in plan.errors]
+    if not weights:
+        (source / "model.safetensors").unlink()
     out = tmp_path / "deploy"
     out.mkdir()
     ctx = StageContext(name=f"deploy.{engine}", out_dir=out, inputs={"model": source},

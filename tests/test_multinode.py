@@ -7,15 +7,13 @@ parallel size over one node is refused with the fix; a single-node recipe's file
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
 import yaml
-from test_deploy_configs import DEMO, plan_errors, planned
+from test_deploy_configs import DEMO, plan_errors, render
 
-from llmopt import memory, registry
-from llmopt.backends.base import StageContext
+from llmopt import memory
 from llmopt.catalog.gpus import get_gpu
 from llmopt.errors import UsageError
 from llmopt.estimates import float_weight_bytes
@@ -75,15 +73,7 @@ def test_deepseek_v3_fp8_checkpoint_is_counted_in_fp8():
 
 def deploy(tmp_path: Path, engine: str, config: dict, target: str = TWO_NODES, serve: str = "") -> tuple[dict, Path]:
     """The serve backend's render for a config-only model folder (no weights: the size model's estimate)."""
-    plan, source = planned(tmp_path, engine, serve, config=config, target=target)
-    assert not plan.errors, [p.message for p in plan.errors]
-    (source / "model.safetensors").unlink()
-    out = tmp_path / "deploy"
-    out.mkdir()
-    ctx = StageContext(name=f"deploy.{engine}", out_dir=out, inputs={"model": source},
-                       input_manifests={"model": {"outputs": {"model_dir": str(source)}}}, recipe=plan.recipe,
-                       log=logging.getLogger("llmopt.test"), model=plan.model, gpu=plan.gpu)
-    return registry.get("serve", engine)().render(plan.recipe.options_for("serve", None), ctx), out
+    return render(tmp_path, engine, serve, weights=False, config=config, target=target)
 
 
 MODELS = {"llama-405b-bf16": LLAMA_405B,
