@@ -107,6 +107,14 @@ def problems(merged: Merged, override: Iterable[str], extra: dict, where: str, o
     return out
 
 
+def parallel_sizes(extra: dict, won: Iterable[str], parallel: dict[str, str]) -> dict[str, int]:
+    """The backend options an extra's parallel size sets for the memory model: ``parallel`` maps the engine's
+    key (canonical spelling) to the option; only keys listed in ``override`` and set to a whole number >= 1."""
+    won = set(won)
+    return {field: extra[key] for key, field in parallel.items() if key in won and isinstance(extra.get(key), int)
+            and not isinstance(extra[key], bool) and extra[key] >= 1}
+
+
 def refuse(merged: Merged, options_key: str) -> None:
     """At render time: the extras contradict what llmopt planned from the artifact's real weights."""
     if merged.contradictions:

@@ -149,9 +149,7 @@ def overrides(options: SglangOptions) -> list[str]:
 
 def effective(options: SglangOptions) -> SglangOptions:
     """The options the memory model plans with: an overridden parallel size of extra_args wins."""
-    extra, won = canonical(options.extra_args), overrides(options)
-    update = {field: extra[key] for key, field in PARALLEL.items() if key in won and isinstance(extra.get(key), int)
-              and not isinstance(extra[key], bool) and extra[key] >= 1}
+    update = extras.parallel_sizes(canonical(options.extra_args), overrides(options), PARALLEL)
     return options.model_copy(update=update) if update else options
 
 
