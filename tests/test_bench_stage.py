@@ -155,7 +155,7 @@ def start_run(recipe: Path, out: Path) -> subprocess.Popen:
 def running_server(pids: Path, child: Path) -> tuple[Path, int, int]:
     wait_for(lambda: list(pids.glob("*.json")) and child.exists() and child.read_text().strip(), timeout=120)
     record = next(pids.glob("*.json"))
-    return record, int(record.stem), int(child.read_text())
+    return record, json.loads(record.read_text())["pid"], int(child.read_text())
 
 
 def test_kill_9_during_bench_leaves_no_server_after_the_next_run(tmp_path, tiny_model, fake_vllm, isolated_cache):
