@@ -14,7 +14,9 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -130,7 +132,7 @@ class Cache:
         return json.loads((self.path(key) / MANIFEST).read_text())
 
     def begin(self, key: str) -> Path:
-        tmp = self.root / "tmp" / f"{key}.{os.getpid()}"
+        tmp = self.root / "tmp" / f"{key}.{host_tag()}.{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -143,7 +145,7 @@ class Cache:
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # a forced re-run or an unsealed or changed entry is replaced
-            old = final.with_name(f"{key}.old.{os.getpid()}")
+            old = final.with_name(f"{key}.old.{host_tag()}.{os.getpid()}")
             os.rename(final, old)
             os.rename(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
@@ -163,18 +165,35 @@ class Cache:
         shutil.rmtree(tmp, ignore_errors=True)
 
     def clean_stale(self) -> list[Path]:
-        """Remove temporary folders left by runs that are no longer alive."""
+        """Remove temporary folders left by runs on this host that are no longer alive. A cache shared by
+        several hosts (a sweep's Ray workers) holds other hosts' folders too: whether their process lives
+        cannot be seen from here, so they are left alone."""
         removed = []
         tmp_root = self.root / "tmp"
         if not tmp_root.is_dir():
             return removed
         for entry in tmp_root.iterdir():
-            pid = entry.name.rsplit(".", 1)[-1]
+            host, pid = owner_of(entry.name)
+            if host != host_tag():
+                continue
             if pid.isdigit() and _alive(int(pid)) and int(pid) != os.getpid():
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
         return removed
+
+
+def host_tag() -> str:
+    """This host's name as a file name part (no dots): temporary folders and process records in a cache
+    that several hosts share say which host's process they belong to."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "localhost"
+
+
+def owner_of(name: str) -> tuple[str, str]:
+    """(host, pid) of a temporary folder named ``<key>.<host>.<pid>``; a name without a host (written by an
+    earlier llmopt, ``<key>.<pid>``) is taken as this host's."""
+    parts = name.split(".")
+    return (parts[-2], parts[-1]) if len(parts) >= 3 else (host_tag(), parts[-1])
 
 
 def _alive(pid: int) -> bool:

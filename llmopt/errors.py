@@ -22,7 +22,8 @@ EXIT_CODES = {
     EXIT_STAGE_FAILED: "a stage failed (or `llmopt verify` found changed files)",
     EXIT_USAGE: "bad usage or an invalid recipe (including a plan check that failed)",
     EXIT_GATE_FAILED: "an accuracy gate failed (the artifact and reports are written)",
-    EXIT_MISSING_EXTRA: "a needed extra is not installed, or an installed library cannot be imported",
+    EXIT_MISSING_EXTRA: "a needed extra is not installed (checked for every stage that will run, before the first "
+                        "starts), or an installed library cannot be imported",
     EXIT_INTERNAL: "internal error: an unexpected exception in llmopt or a library (a bug; "
                    "LLMOPT_DEBUG=1 shows the traceback)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",

@@ -90,6 +90,26 @@ def package_version(dist: str) -> str | None:
         return None
 
 
+def extra_providing(dist: str) -> str | None:
+    """The extra of llmopt that installs the distribution ``dist`` (from llmopt's own package metadata), or
+    None when no extra names it."""
+    import re
+    from importlib.metadata import requires
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    try:
+        lines = requires("llmopt") or []
+    except PackageNotFoundError:
+        return None
+    for line in lines:
+        name, extra = re.match(r"[A-Za-z0-9._-]+", line), re.search(r'extra\s*==\s*"([^"]+)"', line)
+        if name and extra and canonical(name.group(0)) == canonical(dist):
+            return extra.group(1)
+    return None
+
+
 def versions(dists: tuple[str, ...] | list[str]) -> dict[str, str | None]:
     return {d: package_version(d) for d in dists}
 

@@ -26,8 +26,8 @@ from typing import Callable
 
 from llmopt import artifact
 from llmopt.backends.base import StageContext
-from llmopt.libraries import collector_paused, pick_device
-from llmopt.errors import LlmoptError, RecipeError, StageFailed
+from llmopt.libraries import collector_paused, extra_providing, package_version, pick_device
+from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
 from llmopt.stages import failure
@@ -156,12 +156,29 @@ class _Pending:
     future: Future
 
 
+def cached(stage: Stage, plan: Plan, force: list[str] | None, state: str | None = None) -> bool:
+    """The stage is taken from the cache: its entry is whole, it is not volatile and not forced."""
+    state = state or plan.cache.state(stage.key)
+    return state == "whole" and not stage.volatile and not forced(stage, plan, force or [])
+
+
+def require_installed(stages) -> None:
+    """Exit 4 before any work when a stage that must run needs a distribution that is not installed (the
+    libraries are imported only inside the stage, which may come after an hour of compression)."""
+    for stage in stages:
+        for dist in getattr(stage.impl, "requires", ()):
+            extra = extra_providing(dist)
+            if extra is not None and package_version(dist) is None:
+                raise MissingExtra(dist, extra, f"stage {stage.name}")
+
+
 def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str,
                    force: list[str] | None = None) -> tuple[dict[str, dict], list[StageRecord]]:
     """Each stage of the plan from the cache when its entry is whole, else run (volatile stages run
     even when cached: what an endpoint answers can change behind one URL). Deferred work runs on one background thread while the next stages
     run; every stage's manifest is written before this returns."""
     cache = plan.cache
+    require_installed(stage for stage in plan.stages if not cached(stage, plan, force))
     manifests: dict[str, dict] = {}
     records: list[StageRecord] = []
     pending: list[_Pending] = []
@@ -175,7 +192,7 @@ def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str,
                 out.info(f"[green]✓[/] {stage.name} [dim](same as an earlier stage, {stage.key[:12]})[/]")
                 continue
             state = cache.state(stage.key)
-            if state == "whole" and not stage.volatile and not forced(stage, plan, force or []):
+            if cached(stage, plan, force, state):
                 manifests[stage.name] = cache.manifest(stage.key)
                 records.append(StageRecord(stage.name, stage.key, "cached", 0.0, manifests[stage.name]["outputs"]))
                 out.info(f"[green]✓[/] {stage.name} [dim](cached {stage.key[:12]})[/]")

@@ -118,7 +118,7 @@ def test_signal_stops_the_server(tmp_path, fake_vllm, isolated_cache, sig):
     art, pids = make_artifact(tmp_path), engine.pid_dir(isolated_cache)
     proc = start_bench(art, tmp_path / "out")
     wait_for(lambda: list(pids.glob("*.json")) and fake_vllm.exists())
-    server, child = int(next(pids.glob("*.json")).stem), int(fake_vllm.read_text())
+    server, child = json.loads(next(pids.glob("*.json")).read_text())["pid"], int(fake_vllm.read_text())
     time.sleep(1.0)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -132,7 +132,7 @@ def test_kill_9_leaves_a_pid_file_the_next_run_uses(tmp_path, fake_vllm, isolate
     proc = start_bench(art, tmp_path / "out")
     wait_for(lambda: list(pids.glob("*.json")) and fake_vllm.exists())
     record = next(pids.glob("*.json"))
-    server, child = int(record.stem), int(fake_vllm.read_text())
+    server, child = json.loads(record.read_text())["pid"], int(fake_vllm.read_text())
     proc.kill()
     proc.communicate(timeout=30)
     assert alive(server) and alive(child) and record.exists()  # left behind
@@ -142,6 +142,25 @@ def test_kill_9_leaves_a_pid_file_the_next_run_uses(tmp_path, fake_vllm, isolate
     assert f"stopped a server left by an earlier llmopt bench (pid {server}" in res.stderr
     wait_for(lambda: not alive(server) and not alive(child), timeout=10)
     assert not list(pids.glob("*.json"))
+
+
+def test_another_hosts_server_record_is_left_alone(isolated_cache, monkeypatch):
+    """A cache shared by several hosts: a record whose host is not this one names a process that cannot be
+    seen from here (its pid may be a different process here), so it is neither stopped nor removed."""
+    pids = engine.pid_dir(isolated_cache)
+    pids.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record = pids / f"other-host.{sleeper.pid}.json"
+        record.write_text(json.dumps({
+            "host": "other-host", "pid": sleeper.pid, "pgid": sleeper.pid, "ticks": engine._start_ticks(sleeper.pid),
+            "argv": ["sleep"], "owner_pid": 2**22 + 1, "owner_ticks": None}))
+        assert engine.stop_leftovers(isolated_cache) == [] and sleeper.poll() is None and record.exists()
+        monkeypatch.setattr(engine, "host_tag", lambda: "other-host")  # the same record, seen from its own host
+        assert [s["pid"] for s in engine.stop_leftovers(isolated_cache)] == [sleeper.pid] and not record.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_a_running_bench_keeps_its_server(tmp_path, isolated_cache):

@@ -59,6 +59,21 @@ def bench_recipe(folder: Path, model: Path, requests: int = 4, serve: bool = Tru
     return write_recipe(folder, body)
 
 
+def test_a_missing_bench_client_is_exit_4_before_any_stage_runs(tmp_path, tiny_model, fake_vllm, monkeypatch,
+                                                                isolated_cache):
+    """The bench stage comes last: without aiohttp the run must stop before the work ahead of it, not after."""
+    from llmopt import runner
+    from llmopt.errors import MissingExtra
+
+    monkeypatch.setattr(runner, "package_version", lambda dist: None if dist == "aiohttp" else "1.0")
+    with pytest.raises(MissingExtra) as err:
+        api.run(bench_recipe(tmp_path, tiny_model), output_dir=tmp_path / "art")
+    assert err.value.exit_code == 4 and err.value.fix == "pip install 'llmopt[bench]'"
+    assert err.value.what == "stage bench needs the Python package 'aiohttp', which is not installed"
+    assert not list((isolated_cache / "stages").glob("*")) if (isolated_cache / "stages").exists() else True
+    assert not fake_vllm.exists() and not (tmp_path / "art").exists()
+
+
 def server_gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -155,7 +170,7 @@ def start_run(recipe: Path, out: Path) -> subprocess.Popen:
 def running_server(pids: Path, child: Path) -> tuple[Path, int, int]:
     wait_for(lambda: list(pids.glob("*.json")) and child.exists() and child.read_text().strip(), timeout=120)
     record = next(pids.glob("*.json"))
-    return record, int(record.stem), int(child.read_text())
+    return record, json.loads(record.read_text())["pid"], int(child.read_text())
 
 
 def test_kill_9_during_bench_leaves_no_server_after_the_next_run(tmp_path, tiny_model, fake_vllm, isolated_cache):

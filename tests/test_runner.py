@@ -227,3 +227,25 @@ def test_native_output_of_a_stage_goes_to_the_run_log(tmp_path, capfd):
     assert "native print" in text and "[W native warning]" in text and "python print" in text
     os.write(1, b"after\n")  # the descriptors are the terminal's again
     assert capfd.readouterr().out == "after\n"
+
+
+def test_stale_temporary_folders_are_cleaned_only_for_this_host(tmp_path, monkeypatch):
+    """A cache shared by hosts (a sweep's Ray workers on a shared filesystem): a folder another host is
+    writing must survive this host's clean-up, although its pid means nothing here."""
+    from llmopt import cache as cache_mod
+
+    cache = cache_mod.Cache(tmp_path / "cache")
+    mine = cache.begin("a" * 16)
+    assert mine.name == f"{'a' * 16}.{cache_mod.host_tag()}.{os.getpid()}"
+    tmp_root = mine.parent
+    dead = 2**22 + 1  # no such pid
+    theirs = tmp_root / f"{'b' * 16}.other-host.{dead}"
+    stale = tmp_root / f"{'c' * 16}.{cache_mod.host_tag()}.{dead}"
+    legacy = tmp_root / f"{'d' * 16}.{dead}"  # named before folders carried their host
+    for folder in (theirs, stale, legacy):
+        folder.mkdir()
+    removed = cache.clean_stale()
+    assert sorted(p.name for p in removed) == sorted([stale.name, legacy.name, mine.name])  # this run's own too
+    assert theirs.is_dir()
+    monkeypatch.setattr(cache_mod, "host_tag", lambda: "other-host")
+    assert cache.clean_stale() == [theirs]

@@ -115,6 +115,44 @@ def test_the_front_and_the_choice_follow_the_objective_among_passing_variants():
     assert reporting.choose(rows, _sweep(gates=False, max_model_mib=50))["id"] == "small-bad"
 
 
+def _timed(row, tok_s, ttft=100.0, tpot=20.0):
+    row["bench"] = {"output_tokens_per_s": tok_s, "ttft_p99_ms": ttft, "tpot_p99_ms": tpot}
+    row["speed"] = tok_s
+    return row
+
+
+def test_the_fastest_objective_and_speed_constraints_judge_what_the_bench_stage_measured():
+    rows = [_timed(_row("fast-bad", 1, 100, 0.30, verdict="fail"), 90.0),
+            _timed(_row("fast", 2, 100, 0.05), 80.0, tpot=45.0),
+            _timed(_row("slow-small", 3, 40, 0.02), 30.0),
+            _timed(_row("slow-worse", 4, 60, 0.04), 30.0)]
+    sweep = _sweep("fastest")
+    reporting.judge(rows, sweep)
+    assert [r["id"] for r in rows if r["pareto_speed"]] == ["fast-bad", "fast", "slow-small"]
+    chosen = reporting.choose(rows, sweep)
+    assert chosen["id"] == "fast"  # fast-bad is faster but failed its gate
+    assert "80.0 output tok/s" in chosen["why"][0] and chosen["why"][1].startswith("next: slow-small")
+    bounded = _sweep("fastest", max_tpot_p99_ms=40, min_output_tokens_per_s=25)
+    reporting.judge(rows, bounded)
+    assert rows[1]["excluded"] == ["tpot_p99_ms 45.0 > max_tpot_p99_ms 40"]
+    assert reporting.choose(rows, bounded)["id"] == "slow-small"  # equal speeds: the more accurate
+    assert "TPOT p99 <= 40 ms, output >= 25 tok/s" in reporting.choose(rows, bounded)["why"][0]
+    unmeasured = _row("unmeasured", 5, 10, 0.0)
+    reporting.judge([unmeasured], bounded)
+    assert unmeasured["excluded"] == ["no measured tpot_p99_ms for max_tpot_p99_ms",
+                                      "no measured output_tokens_per_s for min_output_tokens_per_s"]
+
+
+def test_bench_figures_are_the_bench_stage_s_point_at_the_workload():
+    point = {"output_throughput": 41.5, "ttft_ms": {"p50": 80.0, "p99": 120.0}, "tpot_ms": {"p50": 20.0, "p99": 31.0},
+             "goodput": {"requests_per_s": 1.5, "fraction": 0.75}, "errors": {"http_500": 2}}
+    stages = {"compress.0.rtn": {"outputs": {}}, "bench": {"outputs": {"points": [point]}}}
+    assert reporting.bench_figures(stages) == {
+        "output_tokens_per_s": 41.5, "ttft_p50_ms": 80.0, "ttft_p99_ms": 120.0, "tpot_p50_ms": 20.0,
+        "tpot_p99_ms": 31.0, "goodput_requests_per_s": 1.5, "errors": 2}
+    assert reporting.bench_figures({"compress.0.rtn": {"outputs": {}}}) is None
+
+
 def test_loss_is_oriented_so_that_larger_is_worse():
     acc = _row("a", 1, 1, -0.05, higher=True)  # accuracy fell by 0.05
     assert reporting.loss(acc, "prose") == (pytest.approx(0.05), [pytest.approx(0.04), pytest.approx(0.06)])
@@ -131,6 +169,8 @@ def test_without_matplotlib_the_report_has_no_plots_and_says_why(tmp_path, monke
         [], "matplotlib is not installed: no plots (pip install 'llmopt[plots]')")
     monkeypatch.undo()
     assert write_plots({"variants": [row], "recipe": {"name": "r"}}, tmp_path) == (["accuracy_vs_size-prose.png"], None)
+    assert write_plots({"variants": [_timed(row, 12.0)], "recipe": {"name": "r"}}, tmp_path) == (
+        ["accuracy_vs_size-prose.png", "accuracy_vs_speed-prose.png"], None)
 
 
 # --- planning ----------------------------------------------------------------------------------------------------
@@ -161,7 +201,40 @@ def test_an_impossible_variant_is_reported_with_the_planners_reason_and_skipped(
         api.sweep_plan(recipe, axes=["sweep.objective=smallest"])
 
 
+def test_a_speed_objective_or_constraint_without_a_bench_stage_is_refused_at_plan_time(four_layers, tmp_path):
+    recipe = sweep_recipe(tmp_path, four_layers, '"compress[0].layers" = [1, 2]\n')
+    with pytest.raises(RecipeError, match=r"sweep.objective judges measured serving speed, and 2 variant\(s\) have "
+                       r"no bench stage \(layers1, layers2\)") as err:
+        api.sweep_plan(recipe, overrides=["sweep.objective=fastest"])
+    assert err.value.where == "-s sweep.objective=fastest (command line)" and "[bench] enabled = true" in err.value.fix
+    with pytest.raises(RecipeError, match=r"sweep.constraints.max_tpot_p99_ms judges"):
+        api.sweep_plan(recipe, overrides=["sweep.constraints.max_tpot_p99_ms=50"])
+
+
 # --- running -----------------------------------------------------------------------------------------------------
+
+def test_a_benchmarked_sweep_reports_speed_and_picks_the_fastest(four_layers, tmp_path, monkeypatch):
+    from test_bench_engine import put_fake_vllm
+    from test_bench_stage import BENCH
+
+    from llmopt.bench import engine
+
+    put_fake_vllm(tmp_path, monkeypatch)
+    bench = BENCH.format(requests=4).replace("{{", "{").replace("}}", "}")
+    recipe = sweep_recipe(tmp_path, four_layers, '"compress[0].layers" = [1, 2]\n', extra=PRUNE + bench)
+    try:
+        result = api.sweep(recipe, overrides=["sweep.objective=fastest"], output_dir=tmp_path / "sw")
+    finally:
+        engine.stop_leftovers(api.sweep_plan(recipe).cache.root)
+    doc = json.loads((tmp_path / "sw" / "report.json").read_text())
+    speeds = {r["id"]: r["speed"] for r in doc["variants"]}
+    assert all(s > 0 for s in speeds.values()) and doc["variants"][0]["bench"]["ttft_p99_ms"] > 0
+    assert doc["chosen"]["id"] == max(speeds, key=speeds.get) == result.chosen["id"]
+    assert doc["pareto_speed"] and set(doc["pareto_speed"]) <= set(speeds)
+    assert {"accuracy_vs_size-prose.png", "accuracy_vs_speed-prose.png"} <= set(doc["plots"])
+    report_md = (tmp_path / "sw" / "report.md").read_text()
+    assert "| out tok/s |" in report_md and "Pareto front (measured output tok/s and prose)" in report_md
+
 
 def test_a_sweep_shares_stages_reports_and_builds_the_chosen_variant(four_layers, tmp_path, capsys, monkeypatch):
     from llmopt.cli.main import main

@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmopt.cache import host_tag
 from llmopt.errors import EXIT_MISSING_EXTRA, LlmoptError, StageFailed
 
 STOP_GRACE_S = 20.0
@@ -157,13 +158,16 @@ def pid_dir(cache_root: Path) -> Path:
 
 
 def stop_leftovers(cache_root: Path) -> list[dict]:
-    """Stop servers that an llmopt bench which is gone (killed) started; returns what was stopped."""
+    """Stop servers that an llmopt bench which is gone (killed) started on this host; returns what was
+    stopped. Records of other hosts sharing the cache are left: their processes cannot be seen from here."""
     stopped = []
     for path in sorted(pid_dir(cache_root).glob("*.json")):
         try:
             info = json.loads(path.read_text())
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
+            continue
+        if info.get("host", host_tag()) != host_tag():
             continue
         if _alive(info["owner_pid"], info.get("owner_ticks")):
             continue  # its bench is still running
@@ -225,10 +229,10 @@ def running(launch: Launch, port: int, cache_root: Path, log_path: Path, startup
     with terminate_as_interrupt(), open(log_path, "ab") as log:
         proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env={**os.environ, **launch.env}, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        record = pids / f"{proc.pid}.json"
+        record = pids / f"{host_tag()}.{proc.pid}.json"
         try:
             record.write_text(json.dumps({
-                "pid": proc.pid, "pgid": proc.pid, "ticks": _start_ticks(proc.pid), "argv": launch.argv,
+                "host": host_tag(), "pid": proc.pid, "pgid": proc.pid, "ticks": _start_ticks(proc.pid), "argv": launch.argv,
                 "owner_pid": os.getpid(), "owner_ticks": _start_ticks(os.getpid()), "started": time.time()}))
             url = f"http://127.0.0.1:{port}"
             say(f"started {launch.engine} (pid {proc.pid}); waiting for {url}/health (log: {log_path})")

@@ -70,7 +70,7 @@ def plan_problems(loaded) -> list[Problem]:
 class BenchStage:
     """``run_bench`` over the deploy stage's launch config and the final model."""
 
-    requires = ()
+    requires = ("aiohttp",)  # the streaming client
     version = 1
 
     def run(self, options: BenchStageOptions, ctx: StageContext) -> dict:

@@ -182,6 +182,20 @@ class SweepConstraints(Section):
     max_compress_seconds: float | None = Field(
         None, gt=0, description="Longest allowed time of the compress stages together, in seconds, as their "
         "manifests recorded it when they ran.")
+    max_ttft_p99_ms: float | None = Field(
+        None, gt=0, description="Largest allowed time to first token, 99th percentile, in ms, as the variant's bench "
+        "stage measured it at [serve].workload (needs [bench] enabled).")
+    max_tpot_p99_ms: float | None = Field(
+        None, gt=0, description="Largest allowed time per output token, 99th percentile, in ms, as the variant's bench "
+        "stage measured it (needs [bench] enabled).")
+    min_output_tokens_per_s: float | None = Field(
+        None, gt=0, description="Smallest allowed output throughput, in tokens/s, as the variant's bench stage "
+        "measured it (needs [bench] enabled).")
+
+    def speed_keys(self) -> list[str]:
+        """The constraints that judge measured serving speed, which only a bench stage provides."""
+        return [k for k in ("max_ttft_p99_ms", "max_tpot_p99_ms", "min_output_tokens_per_s")
+                if getattr(self, k) is not None]
 
 
 class SweepSection(Section):
@@ -191,10 +205,11 @@ class SweepSection(Section):
         '`"compress[0].method" = ["gptq", "awq"]`, `"compress[0].group_size" = [32, 64]`, or whole tables '
         '(`"compress[0]" = [{method = "rtn", group_size = 64}, ...]`). Every combination is one variant; '
         "`llmopt sweep --axis KEY=V1,V2` adds or replaces an axis.")
-    objective: Literal["smallest", "most_accurate"] = Field(
+    objective: Literal["smallest", "most_accurate", "fastest"] = Field(
         "smallest", description="How the chosen variant is picked among those meeting the constraints: smallest "
-        "(the smallest model/ folder; ties go to the more accurate) or most_accurate (the smallest loss on the "
-        "accuracy eval against the baseline; ties go to the smaller).")
+        "(the smallest model/ folder; ties go to the more accurate), most_accurate (the smallest loss on the "
+        "accuracy eval against the baseline; ties go to the smaller) or fastest (the highest output tokens/s its "
+        "bench stage measured at [serve].workload; ties go to the more accurate; needs [bench] enabled).")
     accuracy: str | None = Field(
         None, description="Name of the [[eval]] that is the accuracy axis of the Pareto front and of the "
         "most_accurate objective (default: the first [[eval]]).")

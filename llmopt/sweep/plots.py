@@ -1,6 +1,7 @@
-"""PNG plots of a sweep: each gated eval's change against the model's size, intervals drawn.
+"""PNG plots of a sweep: each gated eval's change against the model's size and measured speed, intervals drawn.
 
-One plot per eval: x is the size of the artifact's model/ folder, y the paired change of
+One plot per eval and x axis: x is the size of the artifact's model/ folder, or the output tokens/s
+the variant's bench stage measured (only where variants were benchmarked); y the paired change of
 the eval against the baseline (a perplexity change in %, other metrics in their units),
 with the gate's confidence interval as an error bar. Variants that meet the constraints
 are filled, the others hollow; the Pareto front is a line, the chosen variant a star.
@@ -22,13 +23,24 @@ def write_plots(report: dict, folder: Path) -> tuple[list[str], str | None]:
     except ImportError:
         return [], "matplotlib is not installed: no plots (pip install 'llmopt[plots]')"
     rows = [r for r in report["variants"] if "model_bytes" in r]
+    timed = [r for r in rows if r.get("speed") is not None]
     names = sorted({g["name"] for r in rows for g in r["gates"]})
     written = []
     for name in names:
-        path = folder / f"accuracy_vs_size-{name}.png"
-        _plot(Figure, report, rows, name, path)
-        written.append(path.name)
+        for axis, axis_rows in (("size", rows), ("speed", timed)):
+            if not axis_rows:
+                continue
+            path = folder / f"accuracy_vs_{axis}-{name}.png"
+            _plot(Figure, report, axis_rows, name, path, AXES[axis])
+            written.append(path.name)
     return written, None
+
+
+# per x axis: the label, the value of a row, and the row key that marks its Pareto front
+AXES = {
+    "size": ("model/ size (MiB)", lambda row: row["model_bytes"] / MIB, "pareto"),
+    "speed": ("measured output tokens/s (bench stage)", lambda row: row["speed"], "pareto_speed"),
+}
 
 
 def _point(row: dict, name: str):
@@ -54,7 +66,8 @@ def _limit(rows: list[dict], name: str) -> float | None:
     return limits.pop() if len(limits) == 1 else None
 
 
-def _plot(figure, report: dict, rows: list[dict], name: str, path: Path) -> None:
+def _plot(figure, report: dict, rows: list[dict], name: str, path: Path, axis: tuple) -> None:
+    label, x_of, front_key = axis
     fig = figure(figsize=(7, 4.5), dpi=110)
     ax = fig.subplots()
     chosen = (report.get("chosen") or {}).get("id")
@@ -65,14 +78,14 @@ def _plot(figure, report: dict, rows: list[dict], name: str, path: Path) -> None
         if point is None:
             continue
         y, lo, hi, metric = point
-        x = row["model_bytes"] / MIB
+        x = x_of(row)
         colour = "tab:green" if row.get("qualifies") else "tab:red"
         ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=3,
                     markerfacecolor=colour if row.get("qualifies") else "white")
         ax.annotate(row["id"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
         if row["id"] == chosen:
             ax.plot([x], [y], marker="*", markersize=16, color="gold", markeredgecolor="black", zorder=5)
-        if row.get("pareto"):
+        if row.get(front_key):
             front.append((x, y))
     if len(front) > 1:
         xs, ys = zip(*sorted(front))
@@ -84,8 +97,9 @@ def _plot(figure, report: dict, rows: list[dict], name: str, path: Path) -> None
     if len(front) > 1 or limit is not None:
         ax.legend(loc="best", fontsize=8)
     unit = "%" if metric == "perplexity" else ""
-    ax.set_xlabel("model/ size (MiB)")
+    ax.set_xlabel(label)
     ax.set_ylabel(f"{name}: {metric or 'metric'} change vs baseline{f' ({unit})' if unit else ''}")
-    ax.set_title(f"{report['recipe']['name']}: {name} against size (filled: meets the constraints)", fontsize=9)
+    what = label.split(" (")[0]
+    ax.set_title(f"{report['recipe']['name']}: {name} against {what} (filled: meets the constraints)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)

@@ -35,12 +35,29 @@ def variant_row(sweep: SweepPlan, variant: Variant, result: dict | None) -> dict
     row["model_bytes"] = folder_bytes(variant.plan.output_dir / "model")
     row["compress_seconds"] = round(sum(s["timing"].get("seconds", 0.0) for n, s in stages.items()
                                         if n.startswith("compress.")), 2)
-    row["speed"] = next((s["outputs"].get("output_throughput") for n, s in stages.items()
-                         if n.split(".")[0] == "bench"), None)  # output tok/s, where a bench stage ran
+    row["bench"] = bench_figures(stages)
+    row["speed"] = row["bench"]["output_tokens_per_s"] if row["bench"] else None
     row["gates"] = [{k: g.get(k) for k in ("name", "metric", "baseline", "candidate", "delta", "ci", "n",
                                            "higher_is_better", "verdict", "reason", "thresholds")} for g in manifest["gates"]]
     row["records"] = result["records"]
     return row
+
+
+def bench_figures(stages: dict) -> dict | None:
+    """What the variant's bench stage measured at [serve].workload (its one load point), or None without one."""
+    stage = next((st for name, st in stages.items() if name.split(".")[0] == "bench"), None)
+    points = ((stage or {}).get("outputs") or {}).get("points") or []
+    if not points:
+        return None
+    point = points[0]
+
+    def p(figure: str, q: str):
+        return (point.get(figure) or {}).get(q)
+
+    return {"output_tokens_per_s": point.get("output_throughput"), "ttft_p50_ms": p("ttft_ms", "p50"),
+            "ttft_p99_ms": p("ttft_ms", "p99"), "tpot_p50_ms": p("tpot_ms", "p50"), "tpot_p99_ms": p("tpot_ms", "p99"),
+            "goodput_requests_per_s": (point.get("goodput") or {}).get("requests_per_s"),
+            "errors": sum((point.get("errors") or {}).values())}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -73,16 +90,37 @@ def judge(rows: list[dict], sweep: SweepPlan) -> None:
         if limits.max_compress_seconds is not None and row["compress_seconds"] > limits.max_compress_seconds:
             why.append(f"compress {row['compress_seconds']:.1f} s > max_compress_seconds "
                        f"{limits.max_compress_seconds:g}")
+        why += speed_misses(row, limits)
         row["qualifies"], row["excluded"] = not why, why
     finished = [r for r in rows if "model_bytes" in r]
     front = pareto(finished, sweep.accuracy)
+    timed = [r for r in finished if r.get("speed") is not None]
+    speed_front = pareto(timed, sweep.accuracy, cost=lambda r: -r["speed"]) if timed else []
     for row in finished:
         row["pareto"] = row["id"] in front
+        if timed:
+            row["pareto_speed"] = row["id"] in speed_front
 
 
-def pareto(rows: list[dict], eval_name: str | None) -> list[str]:
-    """Ids of the rows no other row beats on both size and loss (no worse on one, better on the other)."""
-    points = {r["id"]: (r["model_bytes"], loss(r, eval_name)[0]) for r in rows}
+def speed_misses(row: dict, limits) -> list[str]:
+    """The speed constraints a row misses (measured by its bench stage); all of them when it has no figures."""
+    figures, why = row.get("bench") or {}, []
+    for key, figure, most in (("max_ttft_p99_ms", "ttft_p99_ms", True), ("max_tpot_p99_ms", "tpot_p99_ms", True),
+                              ("min_output_tokens_per_s", "output_tokens_per_s", False)):
+        bound, value = getattr(limits, key), figures.get(figure)
+        if bound is None:
+            continue
+        if value is None:
+            why.append(f"no measured {figure} for {key}")
+        elif (value > bound) if most else (value < bound):
+            why.append(f"{figure} {value:.1f} {'>' if most else '<'} {key} {bound:g}")
+    return why
+
+
+def pareto(rows: list[dict], eval_name: str | None, cost=lambda r: r["model_bytes"]) -> list[str]:
+    """Ids of the rows no other row beats on both cost (the model's size, or another cost such as minus the
+    measured speed) and loss: no worse on one, better on the other."""
+    points = {r["id"]: (cost(r), loss(r, eval_name)[0]) for r in rows}
     points = {k: (size, 0.0 if lost is None else lost) for k, (size, lost) in points.items()}
 
     def beaten(a):
@@ -105,22 +143,30 @@ def choose(rows: list[dict], sweep: SweepPlan) -> dict | None:
     def by_loss(r):
         return (_loss_key(r, eval_name), r["model_bytes"], r["index"])
 
+    def by_speed(r):
+        return (-(r.get("speed") or 0.0), _loss_key(r, eval_name), r["model_bytes"], r["index"])
+
     objective = sweep.settings.objective
-    ranked = sorted(ok, key=by_size if objective == "smallest" else by_loss)
+    ranked = sorted(ok, key={"smallest": by_size, "most_accurate": by_loss, "fastest": by_speed}[objective])
     best = ranked[0]
-    why = [f"{best['id']} is the {'smallest' if objective == 'smallest' else 'most accurate'} of the {len(ok)} "
-           f"variant(s) that meet the constraints ({constraint_text(sweep)}): model/ "
-           f"{best['model_bytes'] / MIB:.2f} MiB" + (f", {accuracy_text(best, eval_name)}" if eval_name else "")]
+    adjective = {"smallest": "smallest", "most_accurate": "most accurate", "fastest": "fastest"}[objective]
+    why = [f"{best['id']} is the {adjective} of the {len(ok)} variant(s) that meet the constraints "
+           f"({constraint_text(sweep)}): {figures_text(best, eval_name)}"]
     if len(ranked) > 1:
-        second = ranked[1]
-        why.append(f"next: {second['id']} (model/ {second['model_bytes'] / MIB:.2f} MiB"
-                   + (f", {accuracy_text(second, eval_name)}" if eval_name else "") + ")")
+        why.append(f"next: {ranked[1]['id']} ({figures_text(ranked[1], eval_name)})")
     left_out = [r for r in rows if not r.get("qualifies")]
     if left_out:
         why.append("left out: " + "; ".join(f"{r['id']} ({', '.join(r['excluded'])})" for r in left_out))
     command = (f"llmopt run {sweep.loaded.path} " + " ".join(f"-s '{o}'" for o in best["overrides"])).strip()
     return {"id": best["id"], "why": why, "artifact": str(sweep.folder / "chosen"), "command": command,
             "overrides": best["overrides"]}
+
+
+def figures_text(row: dict, eval_name: str | None) -> str:
+    """A variant's size, accuracy and measured speed, as the choice's reasons quote them."""
+    text = f"model/ {row['model_bytes'] / MIB:.2f} MiB"
+    text += f", {accuracy_text(row, eval_name)}" if eval_name else ""
+    return text + (f", {row['speed']:.1f} output tok/s" if row.get("speed") is not None else "")
 
 
 def _loss_key(row: dict, eval_name: str | None) -> float:
@@ -135,6 +181,10 @@ def constraint_text(sweep: SweepPlan) -> str:
         parts.append(f"model/ <= {limits.max_model_mib:g} MiB")
     if limits.max_compress_seconds is not None:
         parts.append(f"compress <= {limits.max_compress_seconds:g} s")
+    for key, text in (("max_ttft_p99_ms", "TTFT p99 <= {:g} ms"), ("max_tpot_p99_ms", "TPOT p99 <= {:g} ms"),
+                      ("min_output_tokens_per_s", "output >= {:g} tok/s")):
+        if getattr(limits, key) is not None:
+            parts.append(text.format(getattr(limits, key)))
     return ", ".join(parts) or "none"
 
 
@@ -162,7 +212,8 @@ def table(report: dict, timing: bool = True) -> tuple[list[str], list[list[str]]
     header = ["variant", *[short(a, axes) for a in axes], *[f"{e} change [interval]" for e in evals], "gates",
               "model/ MiB"]
     header += (["compress s"] if timing else []) + (["out tok/s"] if speed else [])
-    header += (["stages ran / shared / cached"] if timing else []) + ["front", "chosen"]
+    header += (["stages ran / shared / cached"] if timing else []) + ["front"] + (["speed front"] if speed else [])
+    header += ["chosen"]
     chosen = (report.get("chosen") or {}).get("id")
     rows = []
     for r in report["variants"]:
@@ -173,7 +224,8 @@ def table(report: dict, timing: bool = True) -> tuple[list[str], list[list[str]]
         if timing:
             s = r.get("sharing") or {}
             line.append(f"{s.get('ran', 0)} / {s.get('shared', 0)} / {s.get('cached', 0)}" if s else "-")
-        line += ["yes" if r.get("pareto") else "", "**yes**" if r["id"] == chosen else ""]
+        line += ["yes" if r.get("pareto") else ""] + (["yes" if r.get("pareto_speed") else ""] if speed else [])
+        line += ["**yes**" if r["id"] == chosen else ""]
         rows.append(line)
     return header, rows
 
@@ -224,6 +276,9 @@ def markdown(report: dict) -> str:
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
     lines += ["", f"Pareto front (size and {report.get('accuracy') or 'no accuracy eval'}): "
               f"{', '.join(report['pareto']) or 'none'}.", ""]
+    if report.get("pareto_speed") is not None:
+        lines += [f"Pareto front (measured output tok/s and {report.get('accuracy') or 'no accuracy eval'}): "
+                  f"{', '.join(report['pareto_speed']) or 'none'}.", ""]
     skipped = [r for r in report["variants"] if r["status"] in ("impossible", "failed")]
     if skipped:
         lines += ["## Not run or failed", "", *[f"- **{r['id']}** ({r['status']}): {r['reason']}" for r in skipped], ""]

@@ -135,6 +135,8 @@ def build_report(sweep: SweepPlan, ledger: _Ledger, executor: str, jobs: int, ad
         "executor": {"kind": executor, "jobs": jobs, "address": address},
         "cache_dir": str(sweep.cache.root), "folder": str(sweep.folder),
         "variants": rows, "pareto": [r["id"] for r in rows if r.get("pareto")], "chosen": chosen,
+        "pareto_speed": ([r["id"] for r in rows if r.get("pareto_speed")]
+                         if any("pareto_speed" in r for r in rows) else None),
         "sharing": sharing(rows, ledger),
     }
     from llmopt.sweep.plots import write_plots

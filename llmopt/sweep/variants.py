@@ -194,6 +194,7 @@ def plan_sweep(path: Path, overrides=(), cli_axes=(), cache_dir=None, folder=Non
                          {k for k in keys if cache.has(k)})
     the_plan.seconds = time.monotonic() - t0
     refuse(the_plan, strict)
+    refuse_speed_without_bench(the_plan)
     return the_plan
 
 
@@ -221,6 +222,23 @@ def refuse(the_plan: SweepPlan, strict: bool) -> None:
     raise RecipeError(what, where=str(the_plan.loaded.path), problems=problems,
                       fix="change the axes' values (each problem names the planner's reason)" +
                       ("" if not the_plan.runnable else ", or drop --strict to skip these variants"))
+
+
+def refuse_speed_without_bench(the_plan: SweepPlan) -> None:
+    """A speed objective or constraint judges what a bench stage measures: every variant must have one."""
+    settings, loaded = the_plan.settings, the_plan.loaded
+    keys = [("constraints", k) for k in settings.constraints.speed_keys()]
+    if settings.objective == "fastest":
+        keys.insert(0, ("objective",))
+    unbenched = [v.id for v in the_plan.runnable if not v.plan.recipe.recipe.bench.enabled]
+    if not keys or not unbenched:
+        return
+    where = loaded.where("sweep", *keys[0])
+    named = ", ".join("sweep." + ".".join(k) for k in keys)
+    raise RecipeError(f"{named} judges measured serving speed, and {len(unbenched)} variant(s) have no bench stage "
+                      f"({', '.join(unbenched[:3])}{', ...' if len(unbenched) > 3 else ''})", where=where,
+                      fix="set [bench] enabled = true (with a [serve] section) so that each variant is benchmarked, "
+                      "or use objective smallest / most_accurate without speed constraints")
 
 
 def accuracy_eval(loaded: LoadedRecipe, settings: SweepSection) -> str | None:
