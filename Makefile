@@ -36,6 +36,7 @@ test-fast: $(STAMP)
 # vLLM pins torch 2.14.0 and a CUDA stack, so its wheel goes in without dependencies, next to the
 # CPU torch and the packages its argument parsing and config code import. The list was found by
 # trying (importing, installing what was missing, again) and is pinned to the versions that worked.
+# Ray and what it imports: a multi-node config (distributed-executor-backend: ray) makes vLLM import it.
 VLLM_ENV := .test-envs/vllm
 VLLM_STAMP := $(VLLM_ENV)/.llmopt-installed
 VLLM_DEPS := vllm==0.33.0 compressed-tensors==0.17.0 transformers==5.20.0 tokenizers==0.23.3 \
@@ -48,7 +49,9 @@ VLLM_DEPS := vllm==0.33.0 compressed-tensors==0.17.0 transformers==5.20.0 tokeni
 	oss-harmony==0.0.11 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 \
 	frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 fastapi==0.136.3 starlette==1.10.0 \
 	annotated-doc==0.0.7 partial-json-parser==0.2.1.1.post7 llguidance==1.7.3 xgrammar==0.2.8 \
-	apache-tvm-ffi==0.1.11 loguru==0.7.3 einops==0.8.2
+	apache-tvm-ffi==0.1.11 loguru==0.7.3 einops==0.8.2 \
+	ray==2.60.0 msgpack==1.2.4 protobuf==7.36.2 filelock==4.3.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+	referencing==0.37.0 rpds-py==2026.9.1
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_ENV)/bin/python || $(PYTHON) -m venv $(VLLM_ENV)

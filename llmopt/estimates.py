@@ -127,6 +127,8 @@ def checkpoint_weights(qconfig: dict | None, dtype: str) -> Stored | None:
         bits, group = int(qconfig.get("bits", 4)), qconfig.get("group_size") or None
         return Stored(bits, group if group and group > 0 else None, 2, bits, word_bytes=4, zero_word_bytes=4,
                       column_bytes=4, tensors=4, what=f"{method} int{bits}, fp16 scale + zero point per {group} columns")
+    if method == "mxfp4":  # gpt-oss: OCP MX FP4, e2m1 codes two to a byte, an e8m0 (one byte) scale per 32
+        return Stored(4, 32, 1, tensors=2, what="mxfp4: e2m1 codes in uint8 blocks, an e8m0 scale per 32 columns")
     if method == "fp8" and qconfig.get("weight_block_size"):  # DeepSeek-V3's block FP8: an fp32 scale per block
         block_rows, block_cols = qconfig["weight_block_size"]
         return Stored(8, block_cols, 4 / block_rows, tensors=2, what=f"fp8 e4m3, fp32 scale per {block_rows}x"
@@ -143,6 +145,24 @@ def checkpoint_weights(qconfig: dict | None, dtype: str) -> Stored | None:
     if kind == "float" and bits == 4:  # NVFP4: an fp8 scale per 16, fp32 global scales
         return Stored(4, weights.get("group_size") or 16, 1, tensor_bytes=8, tensors=4, what=what)
     return Stored(bits, weights.get("group_size"), DTYPE_BYTES.get(dtype, 2), tensors=2, what=what)
+
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def checkpoint_kinds(qconfig: dict | None) -> tuple[str, ...]:
+    """The decoder linears a pre-quantized checkpoint stores quantized: all of them, less those its
+    ``modules_to_not_convert`` (transformers' quantizers) or ``ignore`` (compressed-tensors) leave in float,
+    where a pattern names the attention block (``model.layers.*.self_attn``), the MLP or one projection."""
+    patterns = [str(p).removeprefix("re:") for p in
+                (qconfig or {}).get("modules_to_not_convert") or (qconfig or {}).get("ignore") or []]
+    kinds = []
+    for kind in LINEARS:
+        group = "attn" if kind in ATTENTION else "mlp"
+        if not any(p.rstrip("$").endswith((kind, group, f"self_{group}")) for p in patterns):
+            kinds.append(kind)
+    return tuple(kinds)
 
 
 def linear_shapes(info: ModelInfo) -> list[tuple[str, int, int, int]]:

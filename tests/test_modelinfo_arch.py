@@ -115,3 +115,20 @@ def test_plan_of_a_sliding_window_model_counts_sequences_at_their_length():
     assert plan.full_length_sequences == plan.kv_budget_bytes_per_gpu // (-(-at_32k // 32768) * 16) * 16 // 32768
     # charged as if every layer were global, the same budget would hold 4k sequences 1.6x fewer
     assert plan.kv_tokens > 1.6 * plan.kv_budget_bytes_per_gpu // (62 * 8192)
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_sized_in_mxfp4_where_its_config_says():
+    """gpt-oss stores its experts in MXFP4 (4-bit e2m1 codes and an 8-bit e8m0 scale per 32 values: 4.25
+    bits a weight) and leaves attention, router, embedding and head in bf16 (modules_to_not_convert)."""
+    from llmopt.estimates import checkpoint_kinds, checkpoint_weights, float_layout, size
+
+    oss = info("gpt-oss-20b")
+    qconfig = oss.quantization
+    assert checkpoint_kinds(qconfig) == ("gate_proj", "up_proj", "down_proj")
+    layout = float_layout("bfloat16", oss.tie_embeddings).with_linears(checkpoint_weights(qconfig, "bfloat16"),
+                                                                       checkpoint_kinds(qconfig))
+    experts = 24 * 32 * 3 * 2880 * 2880
+    expected = experts * 4.25 / 8 + (oss.total_params - experts) * 2
+    assert size(layout, oss)["weight_bytes"] == pytest.approx(expected, rel=0.001)  # 13.75 GB, not 41.8 in bf16
+    assert checkpoint_kinds({"ignore": ["lm_head", "re:.*mlp.gate$"]}) == checkpoint_kinds(None)  # MoE router gate
+    assert "down_proj" not in checkpoint_kinds({"ignore": ["re:.*mlp.down_proj$"]})

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_deploy_configs import DEMO, plan_errors, render
+from test_serve_vllm_engine import vllm_python  # noqa: F401 (a fixture: vLLM's own parser, built when missing)
 
 from llmopt import memory
 from llmopt.catalog.gpus import get_gpu
@@ -177,3 +178,19 @@ def test_trtllm_over_several_nodes_is_refused_with_the_engines_that_can(tmp_path
     errors = plan_errors(tmp_path, "trtllm", config=LLAMA_405B, target=TWO_NODES)
     assert any("TensorRT-LLM launch files for a replica over several nodes" in e and 'serve.backend = "vllm"' in e
                for e in errors), errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_vllms_own_parser_builds_the_engine_config_of_the_two_node_replica(tmp_path, model, vllm_python):
+    """vLLM 0.33's EngineArgs + create_engine_config (on the CPU, nothing loaded) over the config.yaml written
+    for two nodes: Ray as the executor, TP 8 within a node, PP 2 across."""
+    from llmopt import validate_engine
+
+    _, folder = deploy(tmp_path, "vllm", MODELS[model])
+    result = validate_engine.validate_vllm(folder / "config.yaml", tmp_path / "model", vllm_python)
+    assert result["ok"], result["errors"]
+    assert result["validated_by"] == "vllm 0.33.0 EngineArgs"
+    engine = result["engine"]
+    assert (engine["tensor_parallel_size"], engine["pipeline_parallel_size"]) == (8, 2)
+    assert engine["max_model_len"] == 4096

@@ -177,7 +177,7 @@ class HuggingFaceSource:
         dtype = info.dtype or estimates.model_dtype(ctx.recipe.recipe, info)
         layout = estimates.float_layout(dtype, info.tie_embeddings, files)
         quantized = estimates.checkpoint_weights(info.quantization, dtype)
-        return layout.with_linears(quantized) if quantized else layout
+        return layout.with_linears(quantized, estimates.checkpoint_kinds(info.quantization)) if quantized else layout
 
     def run(self, options: ModelSection, ctx: StageContext) -> dict:
         if is_hub_id(options.source):
