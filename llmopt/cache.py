@@ -176,7 +176,7 @@ class Cache:
             host, pid = owner_of(entry.name)
             if host != host_tag():
                 continue
-            if pid.isdigit() and _alive(int(pid)) and int(pid) != os.getpid():
+            if pid.isdigit() and process_exists(int(pid)) and int(pid) != os.getpid():
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
@@ -196,7 +196,8 @@ def owner_of(name: str) -> tuple[str, str]:
     return (parts[-2], parts[-1]) if len(parts) >= 3 else (host_tag(), parts[-1])
 
 
-def _alive(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """A process of this id exists on this host (possibly a zombie, possibly another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmopt.cache import host_tag
+from llmopt.cache import host_tag, process_exists
 from llmopt.errors import EXIT_MISSING_EXTRA, LlmoptError, StageFailed
 
 STOP_GRACE_S = 20.0
@@ -141,12 +141,8 @@ def _start_ticks(pid: int) -> str | None:
 
 def _alive(pid: int, ticks: str | None = None) -> bool:
     """Running (not a zombie), and the same process as when ``ticks`` was read."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_exists(pid):
         return False
-    except PermissionError:
-        return True
     stat = _stat(pid)
     if stat is None:
         return True
