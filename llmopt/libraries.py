@@ -7,6 +7,7 @@ llmopt but its errors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 from importlib.metadata import PackageNotFoundError, version
@@ -83,13 +84,18 @@ def collector_paused():
         gc.enable()
 
 
+@functools.lru_cache(maxsize=None)
 def package_version(dist: str) -> str | None:
+    """The installed version of ``dist``, or None. Read once per process: finding a distribution's metadata
+    scans every folder of sys.path (tens of ms each time), and what is installed does not change while
+    llmopt runs."""
     try:
         return version(dist)
     except PackageNotFoundError:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def extra_providing(dist: str) -> str | None:
     """The extra of llmopt that installs the distribution ``dist`` (from llmopt's own package metadata), or
     None when no extra names it."""
