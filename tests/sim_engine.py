@@ -14,7 +14,7 @@ depend on the tuned parameters:
 
 with the best values from ``LLMOPT_SIM_BEST`` (JSON: parameter -> value), so one setting is best and a
 search can be checked to find it. A memory fraction above ``LLMOPT_SIM_OOM_ABOVE`` exits at start-up as an
-engine out of memory does. ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
+engine out of memory does, and the settings of ``LLMOPT_SIM_HANG`` never answer. ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
 it measures here as simulated. A child process (``sleep``, as an engine's worker) is started, its pid written
 into ``LLMOPT_SIM_CHILDREN`` (a folder) when that is set, so tests can check the whole group is stopped.
 """
@@ -142,6 +142,9 @@ def main(argv: list[str]) -> None:
     if children:
         Path(children).mkdir(parents=True, exist_ok=True)
         (Path(children) / str(child.pid)).write_text(str(os.getpid()))
+    hang = json.loads(os.environ.get("LLMOPT_SIM_HANG", "{}"))  # settings under which it never answers
+    if hang and all(str(settings.get(k)) == str(v) for k, v in hang.items()):
+        time.sleep(600)
     best = json.loads(os.environ.get("LLMOPT_SIM_BEST", "{}"))
     asyncio.run(serve(SimServer(engine, speed(settings, best)), int(settings.get("port", 0))))
 

@@ -146,28 +146,123 @@ def test_search_finds_a_separable_optimum_within_budget(tmp_path):
 # --- the stage against the simulated engine -------------------------------------------------------------------
 
 def test_tune_stage_finds_the_setting_the_simulator_makes_best(tmp_path, tiny_model, monkeypatch, isolated_cache):
-    plan = predicted_vllm(tmp_path, tiny_model)
-    assert [s.name for s in plan.stages] == ["source", "deploy.vllm", "tune"]
-    children = put_sim(tmp_path, monkeypatch)  # to read the prediction, then the real best
-    recipe = tune_recipe(tmp_path, tiny_model)
+    predicted = predicted_vllm(tmp_path, tiny_model)
+    assert [s.name for s in predicted.stages] == ["source", "deploy.vllm", "tune"]
+    kv = predicted.estimates["kv_cache"]
+    # best: twice the predicted sequences, the predicted token budget (llmopt's candidates: x1, x2, x4)
+    best = {"max-num-seqs": kv["max_num_seqs"] * 2, "max-num-batched-tokens": kv["max_num_batched_tokens"]}
+    children = put_sim(tmp_path, monkeypatch, best=best)
     art = tmp_path / "art"
-    result = api.run(recipe, output_dir=art)
-    default = json.loads((art / "reports" / "tune" / "tuning.json").read_text())["default"]
-    assert nothing_left(children, isolated_cache)
-    # the simulator's best: twice the predicted sequences and the predicted token budget
-    best = {"max-num-seqs": default["max-num-seqs"] * 2, "max-num-batched-tokens": default["max-num-batched-tokens"]}
-    put_sim(tmp_path, monkeypatch, best=best)
     result = api.run(tune_recipe(tmp_path, tiny_model, space="space = { gpu-memory-utilization = [0.92] }"),
                      output_dir=art)
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["simulated"] is True and tuning["tuned"] is True
+    assert tuning["default"]["max-num-seqs"] == kv["max_num_seqs"]
     assert {k: tuning["winner"][k] for k in best} == best and tuning["gain"] > 1 + MIN_GAIN
+    assert all(t["simulated"] for t in tuning["trials"]) and len(tuning["trials"]) <= 8 + 2
     config = (art / "deploy" / "vllm" / "config.yaml").read_text()
     assert f"max-num-seqs: {best['max-num-seqs']}\n" in config and "simulated" in config.splitlines()[0]
-    assert "SIMULATED" not in json.dumps(result.report.get("bench") or {})
+    assert "simulated" in (art / "deploy" / "vllm" / "launch.sh").read_text().splitlines()[1]
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["tune"]["simulated"] is True and manifest["tune"]["winner"] == tuning["winner"]
-    assert "Launch tuning: vllm" in (art / "reports" / "report.md").read_text()
-    assert "simulated" in (art / "reports" / "report.md").read_text()
+    assert result.report["tune"]["winner"] == tuning["winner"]
+    summary = (art / "reports" / "report.md").read_text()
+    assert "## Launch tuning: vllm" in summary and "simulated" in summary
     assert (art / "reports" / "tune" / "tuning.png").is_file()
-    assert nothing_left(tmp_path / "children", isolated_cache)
+    assert nothing_left(children, isolated_cache)
+
+    # llmopt tune ARTIFACT: the same search over the artifact's (now tuned) launch config
+    out = tmp_path / "tuned"
+    res = run_cli("tune", str(art), "--max-trials", "2", "--repeats", "0", "-o", str(out), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    again = load_json(res.stdout)
+    assert again["default"]["max-num-seqs"] == best["max-num-seqs"] and again["simulated"] is True
+    assert len([t for t in again["trials"] if t["round"] == "search"]) == 2 and (out / "tuning.json").is_file()
+    assert nothing_left(children, isolated_cache)
+
+
+def test_engine_not_installed_keeps_the_prediction(tmp_path, tiny_model, isolated_cache):
+    assert not engine.engine_installed("vllm")
+    recipe, art = tune_recipe(tmp_path, tiny_model), tmp_path / "art"
+    res = run_cli("run", str(recipe), "-o", str(art), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert "cannot start vllm on this machine" in res.stderr and "stays the prediction" in res.stderr
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["tuned"] is False and "not installed" in tuning["reason"] and tuning["trials"] == []
+    launch = (art / "deploy" / "vllm" / "launch.sh").read_text()
+    assert "# Not tuned by llmopt: vllm is not installed" in launch
+    assert "Not tuned: vllm is not installed" in (art / "reports" / "report.md").read_text()
+
+
+def test_space_naming_an_unknown_parameter_is_a_plan_error(tmp_path, tiny_model):
+    res = run_cli("plan", str(tune_recipe(tmp_path, tiny_model, space="space = { max_batch_size = [8] }")))
+    assert res.returncode == 2 and "max_batch_size, which vllm is not tuned on" in res.stderr
+
+
+def test_crashed_and_hung_trials_are_failed_and_stopped(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """A candidate that runs out of memory at start-up, and one that never answers: both recorded as failed,
+    their servers stopped, and the search goes on."""
+    children = put_sim(tmp_path, monkeypatch, oom_above=0.93, hang=json.dumps({"max-num-seqs": "2048"}))
+    recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
+                         space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92, 0.95] }\n"
+                         "startup_timeout_s = 5")
+    art = tmp_path / "art"
+    api.run(recipe, output_dir=art)
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    verdicts = {json.dumps(t["values"], sort_keys=True): t for t in tuning["trials"]}
+    failed = [t for t in verdicts.values() if t["verdict"] == "failed"]
+    errors = " ".join(t["error"] for t in failed)
+    assert len(failed) == 2 and "did not answer" in errors and "exited with code 1" in errors
+    assert tuning["winner"] == tuning["default"]
+    assert nothing_left(children, isolated_cache)
+
+
+def start_run(recipe: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(recipe), "-o", str(out), "--format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished_trials(cache: Path) -> list[Path]:
+    return sorted(cache.glob("tune/*/trials/*.json"))
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_kill_9_then_resume_without_repeating_finished_trials(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    children = put_sim(tmp_path, monkeypatch, itl_ms=40)
+    recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
+                         space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92] }")
+    proc = start_run(recipe, tmp_path / "art")
+    wait_for(lambda: len(finished_trials(isolated_cache)) >= 2 and list(engine.pid_dir(isolated_cache).glob("*.json")))
+    proc.kill()  # SIGKILL to llmopt only; the trial's engine runs in its own process group
+    proc.communicate(timeout=30)
+    done = {p.stem for p in finished_trials(isolated_cache)}
+    left = [int(p.stem) for p in engine.pid_dir(isolated_cache).glob("*.json")]
+    assert left and any(alive(pid) for pid in left)  # an engine left behind
+
+    res = run_cli("run", str(recipe), "-o", str(tmp_path / "art"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert "stopped a server left by an earlier llmopt run" in res.stderr
+    assert not any(alive(pid) for pid in left)
+    tuning = json.loads((tmp_path / "art" / "reports" / "tune" / "tuning.json").read_text())
+    cached = {t["id"] for t in tuning["trials"] if t["cached"]}
+    assert done <= cached and len({t["id"] for t in tuning["trials"]}) == len(tuning["trials"])
+    assert nothing_left(children, isolated_cache)
+
+
+def test_ctrl_c_stops_the_engine(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """Ctrl-C during a trial (SIGTERM takes the same path: llmopt.bench.engine.terminate_as_interrupt)."""
+    children = put_sim(tmp_path, monkeypatch, itl_ms=40)
+    proc = start_run(tune_recipe(tmp_path, tiny_model), tmp_path / "art")
+    wait_for(lambda: len(finished_trials(isolated_cache)) >= 1 and list(engine.pid_dir(isolated_cache).glob("*.json")))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert nothing_left(children, isolated_cache) and not (tmp_path / "art").exists()

@@ -169,6 +169,8 @@ class TuneSection(Section):
                          "alternating; the winner's gain is the ratio of their medians, and a gain within 5% keeps "
                          "the default.")
     requests: int | None = Field(None, ge=1, description="Measured requests per trial (default: [bench] requests).")
+    startup_timeout_s: float = Field(1200.0, gt=0, description="Longest wait for a trial's engine to answer /health; "
+                                     "a trial that does not is recorded as failed and its server stopped.")
     space: dict[str, list[Any]] = Field(
         default_factory=dict, description="Candidates of a parameter, replacing llmopt's (which never start below "
         "the deploy stage's prediction): `space = { max-num-seqs = [256, 512] }`. The names are the engine's "

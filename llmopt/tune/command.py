@@ -57,7 +57,8 @@ def options_of(manifest: dict, overrides: dict, folder: Path) -> dict:
     options = {"engine": serve["backend"], "workload": serve.get("workload") or {}, "slo": serve.get("slo") or {},
                "requests": section.get("requests") or bench.get("requests", 64), "warmup": bench.get("warmup", 4),
                "max_trials": section.get("max_trials", 8), "max_minutes": section.get("max_minutes"),
-               "repeats": section.get("repeats", 1), "space": section.get("space") or {}}
+               "repeats": section.get("repeats", 1), "space": section.get("space") or {},
+               "startup_timeout_s": section.get("startup_timeout_s", 1200.0)}
     for key, value in overrides.items():
         if value is None:
             continue

@@ -41,6 +41,7 @@ class TuneStageOptions(BaseModel):
     max_minutes: float | None = Field(None, description="[tune] max_minutes.")
     repeats: int = Field(ge=0, description="[tune] repeats: confirmation rounds of default and winner.")
     space: dict[str, list[Any]] = Field(default_factory=dict, description="[tune] space: candidates per parameter.")
+    startup_timeout_s: float = Field(1200.0, gt=0, description="[tune] startup_timeout_s.")
 
 
 def tune_options(recipe) -> TuneStageOptions:
@@ -48,7 +49,7 @@ def tune_options(recipe) -> TuneStageOptions:
     return TuneStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo,
                             requests=tune.requests or bench.requests, warmup=bench.warmup,
                             max_trials=tune.max_trials, max_minutes=tune.max_minutes, repeats=tune.repeats,
-                            space=tune.space)
+                            space=tune.space, startup_timeout_s=tune.startup_timeout_s)
 
 
 def engine_available(engine: str) -> bool:
@@ -102,7 +103,7 @@ def measurer(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manif
     from llmopt.bench.runner import run_bench
 
     bench = BenchOptions(requests=options.requests, warmup=options.warmup, repeats=1, engine=options.engine,
-                         plots=False)
+                         plots=False, startup_timeout_s=options.startup_timeout_s)
 
     def measure(values: dict, out_dir: Path) -> dict:
         target = trial_target(scratch / "target", model_dir, deploy_dir, options.engine, manifest, values)
