@@ -32,7 +32,7 @@ def tune(
 
     Examples:
 
-        llmopt tune artifacts/quickstart --max-trials 3 -n 8 --slo tpot_p99_ms=100
+        llmopt tune artifacts/quickstart --max-trials 2 --repeats 0 -n 2 --warmup 1 --slo tpot_p99_ms=200
 
         llmopt tune artifacts/smollm2-vllm-h100 --max-minutes 30 --format json
     """
