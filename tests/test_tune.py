@@ -266,3 +266,29 @@ def test_ctrl_c_stops_the_engine(tmp_path, tiny_model, monkeypatch, isolated_cac
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert nothing_left(children, isolated_cache) and not (tmp_path / "art").exists()
+
+
+@pytest.mark.slow
+def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolated_cache):
+    """The real CPU path: ONNX Runtime's intra-op threads written into genai_config.json and llmopt serve's
+    --max-queue onto launch.sh's command, each trial served by `llmopt serve`; the figures are measured."""
+    body = (f'schema_version = 1\nname = "tiny-ort"\n\n[model]\nsource = "{tiny_model}"\n\n'
+            '[export]\nformat = "onnx"\nprecision = "fp32"\n\n'
+            '[serve]\nbackend = "ort"\nmax_model_len = 256\n'
+            'workload = { input_len = 16, output_len = 4, concurrency = 2 }\nslo = { ttft_p99_ms = 60000 }\n\n'
+            '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 3\nrepeats = 0\n'
+            'space = { intra_op_num_threads = [1], max-queue = [16, 1] }\n')
+    art = tmp_path / "art"
+    res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
+        "intra_op_num_threads": [None, 1], "max-queue": [16, 1]}
+    assert all(t["verdict"] == "meets SLO" for t in tuning["trials"]), tuning["trials"]
+    trial = next(t for t in tuning["trials"] if t["values"]["intra_op_num_threads"] == 1)
+    assert trial["figures"]["requests"]["ok"] == 4
+    config = json.loads((art / "deploy" / "ort" / "genai_config.json").read_text())
+    threads = config["model"]["decoder"]["session_options"].get("intra_op_num_threads")
+    assert threads == tuning["winner"]["intra_op_num_threads"]
+    assert "measured on the live engine" in (art / "deploy" / "ort" / "launch.sh").read_text().splitlines()[1]
+    assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
