@@ -9,7 +9,8 @@ SGLang 0.5.23 (``llmopt.deploy.flags``; vLLM's own parser is not installable on 
 It then serves the OpenAI streaming API of tests/test_bench_fakeserver.py, and every answer's delays
 depend on the tuned parameters:
 
-    speed = exp(-SHARPNESS x sum over parameters of |log2(value / best value)|)
+    speed = exp(-SHARPNESS x sum over parameters of |log2(value / best value)|)   (sizes)
+                                       ... of |value - best value| / 0.03      (memory fractions)
     TTFT = LLMOPT_SIM_TTFT_MS / speed, inter-token gap = LLMOPT_SIM_ITL_MS / speed
 
 with the best values from ``LLMOPT_SIM_BEST`` (JSON: parameter -> value), so one setting is best and a
@@ -82,8 +83,14 @@ def parse(engine: str, argv: list[str]) -> dict:
 
 
 def speed(settings: dict, best: dict) -> float:
-    off = sum(abs(math.log2(float(settings[k]) / float(v))) for k, v in best.items() if settings.get(k) is not None)
-    return math.exp(-SHARPNESS * off)
+    """1 at the best setting, lower away from it: one unit per doubling of a size, per 0.03 of a fraction."""
+    def off(value: float, best_value: float) -> float:
+        if best_value <= 1:  # a memory fraction
+            return abs(value - best_value) / 0.03
+        return abs(math.log2(value / best_value))
+
+    return math.exp(-SHARPNESS * sum(off(float(settings[k]), float(v)) for k, v in best.items()
+                                     if settings.get(k) is not None))
 
 
 class SimServer(FakeServer):

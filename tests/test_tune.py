@@ -292,3 +292,20 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
     assert threads == tuning["winner"]["intra_op_num_threads"]
     assert "measured on the live engine" in (art / "deploy" / "ort" / "launch.sh").read_text().splitlines()[1]
     assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
+
+
+def test_trtllm_search_writes_its_yaml_keys(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """TensorRT-LLM's space: max_batch_size in config.yaml, the KV fraction under kv_cache_config."""
+    plan = api.plan(tune_recipe(tmp_path, tiny_model, backend="trtllm"))
+    batch = plan.estimates["kv_cache"]["max_num_seqs"]
+    children = put_sim(tmp_path, monkeypatch, "trtllm", best={"max_batch_size": batch * 4,
+                                                               "free_gpu_memory_fraction": 0.95})
+    recipe = tune_recipe(tmp_path, tiny_model, backend="trtllm", trials=5, repeats=0,
+                         space="space = { max_num_tokens = [8192] }")
+    art = tmp_path / "art"
+    api.run(recipe, output_dir=art)
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["winner"]["max_batch_size"] == batch * 4 and tuning["winner"]["free_gpu_memory_fraction"] == 0.95
+    config = (art / "deploy" / "trtllm" / "config.yaml").read_text()
+    assert f"max_batch_size: {batch * 4}\n" in config and "  free_gpu_memory_fraction: 0.95\n" in config
+    assert nothing_left(children, isolated_cache)

@@ -52,8 +52,13 @@ def note(result: dict) -> str:
         return (f"Tuned by llmopt ({how(result)}): no candidate beat the predicted launch config by more than "
                 f"{result['min_gain']:.0%} in {result['objective']}; the prediction is kept.")
     values = ", ".join(f"{k} {show(v)} (predicted {show(result['default'].get(k))})" for k, v in changed.items())
-    return (f"Tuned by llmopt ({how(result)}): {values};\n{result['objective']} {result['gain']:.2f}x the predicted "
-            f"config's (medians; tuning.json in the artifact's reports/tune/ lists every trial).")
+    return (f"Tuned by llmopt ({how(result)}): {values};\n{result['objective']} {times(result['gain'])} the "
+            f"predicted config's (medians; tuning.json in the artifact's reports/tune/ lists every trial).")
+
+
+def times(gain: float | None) -> str:
+    """The winner's gain; None when the prediction scored 0 (no request met the SLO)."""
+    return "above 0 against 0 for" if gain is None else f"{gain:.2f}x"
 
 
 def show(value) -> str:
@@ -81,7 +86,7 @@ def markdown(tune: dict) -> str:
     if not tune.get("tuned"):
         return "\n".join(lines + [f"Not tuned: {tune.get('reason')}", ""])
     lines.append(f"{tune['trials']} trials ({how(tune)}), objective {tune['objective']}; stopped: {tune['stopped']}. "
-                 f"Winner: {tune['gain']:.2f}x the predicted config's {tune['objective']}. Files: reports/tune/.")
+                 f"Winner: {times(tune['gain'])} the predicted config's {tune['objective']}. Files: reports/tune/.")
     lines += ["", "| config | values | goodput req/s | output tok/s | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|---|"]
     for name in ("default", "winner"):
         values, fig = tune.get(name) or {}, tune.get(f"{name}_figures") or {}

@@ -174,8 +174,8 @@ class Search:
         if ratio is not None and ratio <= 1 + MIN_GAIN:
             self.say(f"the best candidate's gain did not hold when measured again ({ratio:.2f}x): keeping the default")
             best = default
-        return {"objective": self.objective, "default": default, "winner": best,
-                "gain": ratio if best != default else 1.0, "confirmed_gain": ratio, "stopped": self.stopped,
+        return {"objective": self.objective, "default": default, "winner": best,  # gain None: the default scored 0
+                "gain": ratio if best != default else 1.0, "stopped": self.stopped,
                 "simulated": any(t.get("simulated") for t in self.trials), "trials": self.trials,
                 "space": self.grid, "budget": vars(self.budget), "min_gain": MIN_GAIN,
                 "seconds": round(time.monotonic() - self.started, 1)}
