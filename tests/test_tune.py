@@ -300,8 +300,8 @@ def test_trtllm_search_writes_its_yaml_keys(tmp_path, tiny_model, monkeypatch, i
     batch = plan.estimates["kv_cache"]["max_num_seqs"]
     children = put_sim(tmp_path, monkeypatch, "trtllm", best={"max_batch_size": batch * 4,
                                                                "free_gpu_memory_fraction": 0.95})
-    recipe = tune_recipe(tmp_path, tiny_model, backend="trtllm", trials=5, repeats=0,
-                         space="space = { max_num_tokens = [8192] }")
+    recipe = tune_recipe(tmp_path, tiny_model, backend="trtllm", trials=5, repeats=0, ttft=5000,
+                         space="space = { max_num_tokens = [8192] }")  # every trial within the SLO
     art = tmp_path / "art"
     api.run(recipe, output_dir=art)
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())

@@ -120,14 +120,15 @@ def plot(result: dict, path: Path) -> bool:
     if defaults:
         ax.axhline(sorted(defaults)[len(defaults) // 2], color="k", linestyle="--", label="default (median)")
     ax.set_xticks(range(1, len(trials) + 1))
-    ax.set_xticklabels(["\n".join(str(v) for v in t["values"].values()) for t in trials], fontsize=7)
+    ax.set_xticklabels(["\n".join("default" if v is None else str(v) for v in t["values"].values()) for t in trials],
+                       fontsize=7)
     ax.set_xlabel("trial (values of " + ", ".join(result["space"]) + ")")
     ax.set_ylabel(result["objective"] + (" (SIMULATED)" if result.get("simulated") else ""))
     ax.set_title(f"{result['engine']} launch tuning: {how(result)}")
-    for verdict, colour in colours.items():
-        if any(t["verdict"] == verdict for t in trials):
-            ax.bar([0], [0], color=colour, label=verdict)
-    ax.legend(fontsize=7)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=v) for v, c in colours.items() if any(t["verdict"] == v for t in trials)]
+    ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
