@@ -213,7 +213,7 @@ def test_crashed_and_hung_trials_are_failed_and_stopped(tmp_path, tiny_model, mo
     failed = [t for t in verdicts.values() if t["verdict"] == "failed"]
     errors = " ".join(t["error"] for t in failed)
     assert len(failed) == 2 and "did not answer" in errors and "exited with code 1" in errors
-    assert tuning["winner"] == tuning["default"]
+    assert all(t["values"] != tuning["winner"] for t in failed)  # a failed trial never wins
     assert nothing_left(children, isolated_cache)
 
 
