@@ -222,3 +222,15 @@ def bench(target: str | Path, workload: dict | None = None, slo: dict | None = N
     return run_bench(target, merged["workload"], merged["slo"], merged["options"], out_dir or default_out_dir(target),
                      cache_dir=cache_dir, say=out.info if out else None)
 
+
+
+def tune(artifact: str | Path, overrides: dict | None = None, out_dir: str | Path | None = None,
+         cache_dir: str | Path | None = None, out: Output | None = None) -> dict:
+    """Search the launch parameters of an artifact's engine against the live server (``llmopt tune``).
+
+    ``overrides``: the tune stage's option fields (max_trials, max_minutes, repeats, requests, warmup, slo,
+    workload, space) laid over what the artifact's recipe records. Writes tuning.json, the winner's
+    ``deploy/`` and tuning.png to ``out_dir``; returns tuning.json's content."""
+    from llmopt.tune.command import tune_artifact
+
+    return tune_artifact(artifact, overrides, out_dir, cache_dir, say=out.info if out else None)

@@ -53,6 +53,7 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         manifest["model_bytes"] = sum(p.stat().st_size for p in (tmp / "model").rglob("*") if p.is_file())
         report = reports.write_all(tmp / "reports", plan, manifests, gates)
         manifest["bench"] = report.get("bench")  # the bench stage's figures (None without one)
+        manifest["tune"] = report.get("tune")  # the tune stage's verdict (None without one)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
         manifest["linked"] = sorted(f"model/{name}" for name, how in placed.items() if how == "link")
@@ -75,12 +76,14 @@ def write_reports(plan: Plan, manifests: dict, gates: list[dict], log_path: Path
 
 
 def place_deploy(plan: Plan, manifests: dict, root: Path) -> dict:
-    """The deploy stage's launch configs copied to ``deploy/<engine>/``; its outputs (or {})."""
+    """The deploy stage's launch configs copied to ``deploy/<engine>/`` (the tune stage's, when there is one);
+    the deploy stage's outputs (or {})."""
     stage = next(iter(plan.kind("deploy")), None)
     if stage is None:
         return {}
-    shutil.copytree(plan.cache.path(stage.key), root / "deploy" / stage.backend,
-                    ignore=shutil.ignore_patterns("manifest.json"))
+    tune = next(iter(plan.kind("tune")), None)  # the tuned launch config (or the prediction, saying it is not tuned)
+    source = plan.cache.path(tune.key) / "deploy" if tune is not None else plan.cache.path(stage.key)
+    shutil.copytree(source, root / "deploy" / stage.backend, ignore=shutil.ignore_patterns("manifest.json"))
     return manifests[stage.name]["outputs"]
 
 

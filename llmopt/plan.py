@@ -36,7 +36,7 @@ from llmopt.stages import DeployStage, GateStage, gate_options
 @dataclass
 class Stage:
     name: str
-    kind: str  # source | compress | export | eval | gate | deploy | bench
+    kind: str  # source | compress | export | eval | gate | deploy | bench | tune
     backend: str
     step: tuple  # where it is in the recipe: ("compress", 0)
     options: BaseModel
@@ -58,6 +58,10 @@ class Stage:
             from llmopt.bench.stage import BenchStage
 
             return BenchStage()
+        if self.kind == "tune":
+            from llmopt.tune.stage import TuneStage
+
+            return TuneStage()
         return registry.get(self.kind, self.backend)()
 
     def to_dict(self, cache: Cache) -> dict:
@@ -140,7 +144,9 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
         target = builder.model_stages(source)
         builder.evals(source, target)
         builder.gate()
-        builder.bench(builder.deploy(target), target)
+        deploy = builder.deploy(target)
+        builder.bench(deploy, target)
+        builder.tune(deploy, target)
     else:
         target = builder.candidate(candidate, source)
         builder.evals(source, target, endpoint=endpoint if candidate is None else None,
@@ -300,6 +306,23 @@ class _Builder:
             return
         self.add(Stage("bench", "bench", deploy.backend, ("bench",), bench_options(self.loaded.recipe),
                        {"model": model_stage.name, "deploy": deploy.name}))
+
+
+    def tune(self, deploy: Stage | None, model_stage: Stage) -> None:
+        """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``),
+        after the bench stage; keyed on whether the engine can start here, since without it the prediction stays."""
+        if not self.loaded.recipe.tune.enabled:
+            return
+        from llmopt.tune.stage import engine_available, plan_problems, tune_options
+
+        found = plan_problems(self.loaded)
+        self.problems += found
+        if deploy is None or any(p.severity == "error" for p in found):
+            return
+        options = tune_options(self.loaded.recipe)
+        self.add(Stage("tune", "tune", deploy.backend, ("tune",), options,
+                       {"model": model_stage.name, "deploy": deploy.name},
+                       {"engine_available": engine_available(options.engine)}))
 
 
 def served_options(options, url: str, item):

@@ -32,6 +32,9 @@ REPORT_JSON_SCHEMA = {
         "passed": {"type": "boolean"},
         "bench": {"type": "object", "required": ["engine", "workload", "slo", "options", "points", "files"],
                   "description": "the bench stage's figures per load point (recipes with [bench] enabled)"},
+        "tune": {"type": "object", "required": ["tuned", "engine", "files"],
+                 "description": "the tune stage's verdict: default and winner with their figures (recipes with [tune] "
+                 "enabled)"},
         "evals": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["metric", "value", "higher_is_better", "n", "scores"],
             "properties": {"metric": {"type": "string"}, "value": {"type": "number"}, "higher_is_better": {"type": "boolean"},
@@ -63,8 +66,9 @@ def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
             shutil.copy2(plan.cache.path(stage.key) / scores, folder / f"{stage.name}.scores.jsonl")
     evals = {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"}
     bench = copy_bench(folder, plan, manifests)
+    tune = copy_tune(folder, plan, manifests)
     return write_reports(folder, plan.recipe.recipe.name, plan.recipe.digest, evals, with_score_files(folder, gates),
-                         bench)
+                         bench, tune)
 
 
 BENCH_DIR = "bench"  # the bench stage's files, under reports/
@@ -92,6 +96,24 @@ def copy_bench(folder: Path, plan, manifests: dict) -> dict | None:
     return {k: v for k, v in outputs.items() if k != "files"} | {"stage": stage.key, "files": bench_files(files)}
 
 
+TUNE_DIR = "tune"  # the tune stage's files, under reports/
+
+
+def copy_tune(folder: Path, plan, manifests: dict) -> dict | None:
+    """The tune stage's tuning.json and plot copied to ``folder/tune``; its outputs, or None without one."""
+    stage = next((s for s in plan.stages if s.kind == "tune"), None)
+    if stage is None:
+        return None
+    outputs = manifests[stage.name]["outputs"]
+    files = outputs.get("files", {})
+    (folder / TUNE_DIR).mkdir(exist_ok=True)
+    for name in (files.get("json"), files.get("plot")):
+        if name and (plan.cache.path(stage.key) / name).is_file():
+            shutil.copy2(plan.cache.path(stage.key) / name, folder / TUNE_DIR / name)
+    return {k: v for k, v in outputs.items() if k != "files"} | {
+        "stage": stage.key, "files": {k: f"{TUNE_DIR}/{v}" for k, v in files.items() if k != "deploy"}}
+
+
 def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
     """Gate records naming their per-example score files (relative to ``folder``), which
     ``llmopt gate`` reads to judge the same pairs again with other thresholds."""
@@ -103,7 +125,7 @@ def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
 
 
 def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],
-                  bench: dict | None = None) -> dict:
+                  bench: dict | None = None, tune: dict | None = None) -> dict:
     """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY.
     ``bench``: the bench stage's figures, a section of both reports."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,8 +139,10 @@ def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gate
     }
     if bench is not None:
         report["bench"] = bench
+    if tune is not None:
+        report["tune"] = tune
     write_json(folder / "report.json", report)
-    summary = markdown(name, gates, evals) + (bench_markdown(bench) if bench else "")
+    summary = markdown(name, gates, evals) + (bench_markdown(bench) if bench else "") + (tune_markdown(tune) if tune else "")
     (folder / "report.md").write_text(summary)
     (folder / "junit.xml").write_text(junit(name, gates))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -229,6 +253,12 @@ def bench_markdown(bench: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tune_markdown(tune: dict) -> str:
+    from llmopt.tune.report import markdown
+
+    return markdown(tune)
+
+
 def junit(name: str, gates: list[dict]) -> str:
     failures = sum(g["verdict"] == "fail" for g in gates)
     suite = ET.Element("testsuite", name=f"llmopt.{name}", tests=str(len(gates)), failures=str(failures))
@@ -269,6 +299,8 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
     ]
     if manifest.get("bench"):
         lines.append(bench_markdown(manifest["bench"]).lstrip("\n"))
+    if manifest.get("tune"):
+        lines.append(tune_markdown(manifest["tune"]).lstrip("\n"))
     deploy = manifest.get("deploy") or {}
     if deploy.get("command"):
         lines += ["## Launch", "", "```sh", deploy["command"], "```", ""]

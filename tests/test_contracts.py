@@ -210,8 +210,8 @@ LAYERS = [
     ["llmopt.runtimes", "llmopt.evalkit", "llmopt.deploy", "llmopt.validate_engine", "llmopt.backends",
      "llmopt.estimates"],
     # the bench stage of a run starts an artifact's server and measures it (llmopt bench is the same code);
-    # it finds the model folder as llmopt serve does
-    ["llmopt.stages", "llmopt.plan", "llmopt.bench", "llmopt.server.model"],
+    # it finds the model folder as llmopt serve does; the tune stage starts it once per trial
+    ["llmopt.stages", "llmopt.plan", "llmopt.bench", "llmopt.tune", "llmopt.server.model"],
     ["llmopt.reports", "llmopt.artifact", "llmopt.runner", "llmopt.evaluate"],
     ["llmopt.api", "llmopt.server", "llmopt.sweep"],
     ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],

@@ -72,6 +72,8 @@ NOT_RUN = {
         "runs the shipped sweep's 12 variants, about ten minutes on two cores; the next command runs four of them "
         "(RTN) on the demo model through the same planner and runner, and tests/test_sweep.py runs whole sweeps, "
         "the chosen variant's artifact and a resumed sweep on a four-layer model",
+    "llmopt tune artifacts/smollm2-vllm-h100 --max-minutes 30 --format json":
+        "starts vLLM, which needs a GPU; tests/test_tune.py runs the search against a simulated vLLM",
     "make vllm-env": "installs vLLM 0.33.0 into .test-envs/vllm from PyPI; tests/test_serve_vllm_engine.py runs it",
     "LLMOPT_VLLM_PYTHON=.test-envs/vllm/bin/python llmopt run recipes/smollm2-vllm-h100.toml": VLLM_ENV,
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,

@@ -101,7 +101,8 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
         saturation = sweep(ctx, points, workload, options, say)
     result = {
         "schema_version": SCHEMA_VERSION,
-        "target": {"url": url, "model": model, "server": server, "started": started},
+        "target": {"url": url, "model": model, "server": server, "started": started,
+                   "simulated": any(m.get("llmopt_simulated") for m in models.get("data") or [])},
         "workload": workload.model_dump(), "slo": slo.model_dump(), "options": options.model_dump(),
         "client": {"kind": "llmopt asyncio client (aiohttp)", "aiohttp": _version("aiohttp"),
                    "sent": wl.sent_fields(options, server, vocab)},

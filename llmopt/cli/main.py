@@ -14,6 +14,7 @@ import sys
 
 from llmopt.cli import bench, cp, doctor, eval, gate, init, ls, plan, run, schema, serve, validate, verify  # noqa: F401  (registers commands)
 from llmopt.cli import sweep  # noqa: F401  (registers the command)
+from llmopt.cli import tune  # noqa: F401  (registers the command)
 from llmopt.cli.app import CURRENT, app
 from llmopt.errors import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_STDOUT_CLOSED, EXIT_USAGE, InternalError,
                            Interrupted, LlmoptError, UsageError)

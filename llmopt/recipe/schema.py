@@ -156,8 +156,25 @@ class BenchSection(Section):
 
 
 class TuneSection(Section):
-    enabled: bool = Field(False, description="Search launch parameters against the live server under the SLO.")
-    max_trials: int = Field(8, ge=1, description="Largest number of server configurations tried.")
+    enabled: bool = Field(False, description="`llmopt run` searches the engine's launch parameters against the live "
+                          "server in a tune stage after the deploy stage (and the bench stage): each trial starts "
+                          "[serve]'s launch config with its values, sends [serve].workload and scores goodput under "
+                          "[serve].slo (output tokens/s without an SLO); the winner's config is the artifact's "
+                          "deploy/<engine>/, with tuning.json and a plot in reports/tune/ (docs/tune.md). Needs "
+                          "[serve]; an engine not installed here leaves the prediction, with a warning.")
+    max_trials: int = Field(8, ge=1, description="Largest number of launch configurations tried (the default first).")
+    max_minutes: float | None = Field(None, gt=0, description="Stop starting trials after this many minutes (a trial "
+                                      "in progress finishes).")
+    repeats: int = Field(1, ge=0, description="Rounds in which the default and the winner are measured again, "
+                         "alternating; the winner's gain is the ratio of their medians, and a gain within 5% keeps "
+                         "the default.")
+    requests: int | None = Field(None, ge=1, description="Measured requests per trial (default: [bench] requests).")
+    startup_timeout_s: float = Field(1200.0, gt=0, description="Longest wait for a trial's engine to answer /health; "
+                                     "a trial that does not is recorded as failed and its server stopped.")
+    space: dict[str, list[Any]] = Field(
+        default_factory=dict, description="Candidates of a parameter, replacing llmopt's (which never start below "
+        "the deploy stage's prediction): `space = { max-num-seqs = [256, 512] }`. The names are the engine's "
+        "(docs/tune.md lists them); the predicted value is always tried first.")
 
 
 class OutputSection(Section):
@@ -246,7 +263,7 @@ class Recipe(Section):
         default_factory=list, description="Evaluations; each scores baseline and candidate on the same examples."
     )
     bench: BenchSection = Field(default_factory=BenchSection, description="Serving benchmark of the artifact in `llmopt run` (when enabled).")
-    tune: TuneSection = Field(default_factory=TuneSection, description="Launch-parameter search.")
+    tune: TuneSection = Field(default_factory=TuneSection, description="Launch-parameter search against the live engine in `llmopt run` (when enabled).")
     output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
     sweep: SweepSection | None = Field(
         None, description="Variants of this recipe run by `llmopt sweep` (`llmopt run` ignores it).")

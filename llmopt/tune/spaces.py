@@ -1,0 +1,239 @@
+"""What ``[tune]`` searches for each engine, where each value lives in the launch config, and its candidates.
+
+Each engine's space is data (``SPACES``): a parameter names the engine's own option, the file of
+``deploy/<engine>/`` that holds it (``config.yaml``, ``genai_config.json``, or an argument of
+``launch.sh``'s command) and how its candidates grow from the value the deploy stage predicted:
+
+* ``size`` (a batch or token budget): the prediction, x2 and x4. The memory model already fitted the
+  prediction to the KV cache and the SLO, and starts from the engine's own defaults
+  (``llmopt.catalog.engines``), so a search never goes below it;
+* ``fraction`` (the memory share the engine may take): the prediction, +0.03 and 0.95, never above 0.95;
+* ``threads`` (ONNX Runtime's intra-op threads): ONNX Runtime's own choice (the prediction when the
+  deploy config names none) and 1 to the CPUs this machine has;
+* ``queue`` (``llmopt serve --max-queue``): the prediction and the workload's concurrency - 1, the
+  shortest queue that refuses none of its requests.
+
+``[tune] space`` replaces a parameter's candidates. CUDA graph capture sizes (vLLM, TensorRT-LLM,
+SGLang) are not searched yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmopt.errors import StageFailed
+
+MAX_FRACTION = 0.95
+
+
+@dataclass(frozen=True)
+class Param:
+    """One launch parameter of an engine."""
+
+    name: str  # the engine's own spelling, as tuning.json and [tune] space name it
+    where: str  # yaml | json | arg
+    file: str  # the file of deploy/<engine>/ that holds it
+    key: str  # a dotted path in the file, or the command-line flag (arg)
+    grows: str  # size | fraction | threads | queue
+    default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
+
+
+SPACES: dict[str, tuple[Param, ...]] = {
+    "vllm": (Param("max-num-seqs", "yaml", "config.yaml", "max-num-seqs", "size"),
+             Param("max-num-batched-tokens", "yaml", "config.yaml", "max-num-batched-tokens", "size"),
+             Param("gpu-memory-utilization", "yaml", "config.yaml", "gpu-memory-utilization", "fraction", 0.92)),
+    "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "size", 2048),
+               Param("max_num_tokens", "yaml", "config.yaml", "max_num_tokens", "size", 8192),
+               Param("free_gpu_memory_fraction", "yaml", "config.yaml", "kv_cache_config.free_gpu_memory_fraction",
+                     "fraction", 0.9)),
+    "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "size"),
+               Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
+               Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
+    "ort": (Param("intra_op_num_threads", "json", "genai_config.json",
+                  "model.decoder.session_options.intra_op_num_threads", "threads"),
+            Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", 16)),
+}
+
+
+def space(engine: str) -> tuple[Param, ...]:
+    return SPACES.get(engine, ())
+
+
+def predicted(folder: Path, engine: str) -> dict[str, Any]:
+    """Each parameter's value in the deploy config at ``folder`` (``deploy/<engine>/``), else its default."""
+    out = {}
+    for param in space(engine):
+        value = read(folder, param)
+        out[param.name] = param.default if value is None else value
+    return out
+
+
+def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = None) -> list[Any]:
+    """The values a search tries for ``param`` whose predicted value is ``value``, the prediction first."""
+    if param.grows == "size":
+        return [] if value is None else [int(value), int(value) * 2, int(value) * 4]
+    if param.grows == "fraction":
+        if value is None:
+            return []
+        steps = [float(value), round(min(float(value) + 0.03, MAX_FRACTION), 3), MAX_FRACTION]
+        return sorted({v for v in steps if v >= float(value)}, key=steps.index)
+    if param.grows == "threads":
+        return [value, *[n for n in range(1, (cpus or os.cpu_count() or 1) + 1) if n != value]]
+    if param.grows == "queue":
+        return list(dict.fromkeys([value, max(concurrency - 1, 0)]))
+    raise ValueError(param.grows)
+
+
+def grid(engine: str, folder: Path, concurrency: int, overrides: dict[str, list] | None = None) -> dict[str, list]:
+    """Every parameter's candidates (``overrides`` replace a parameter's), the prediction first; parameters
+    without candidates (a value the config does not state) are left out."""
+    base = predicted(folder, engine)
+    out = {}
+    for param in space(engine):
+        values = list((overrides or {}).get(param.name) or candidates(param, base[param.name], concurrency))
+        if base[param.name] not in values:
+            values.insert(0, base[param.name])
+        if len(values) > 1 or param.name in (overrides or {}):
+            out[param.name] = values
+    return out
+
+
+# --- reading and writing a value in a deploy folder ------------------------------------------------------------
+
+def read(folder: Path, param: Param) -> Any:
+    path = folder / param.file
+    if not path.is_file():
+        return None
+    if param.where == "arg":
+        found = re.findall(rf"(?:^|\s){re.escape(param.key)}(?:=|\s+)(\S+)", exec_line(path.read_text()))
+        return _number(shlex.split(found[-1])[0]) if found else None
+    doc = _load(path, param.where)
+    for part in param.key.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return None
+        doc = doc[part]
+    return doc
+
+
+def apply(folder: Path, engine: str, values: dict[str, Any], note: str = "") -> None:
+    """Write ``values`` into the deploy config at ``folder`` (a copy of ``deploy/<engine>/``); ``note`` becomes a
+    comment at the top of launch.sh and of a YAML config."""
+    params = {p.name: p for p in space(engine)}
+    args = []
+    for name, value in values.items():
+        param = params[name]
+        if param.where == "arg":
+            if value is not None:
+                args += [param.key, str(value)]
+            continue
+        path = folder / param.file
+        if param.where == "yaml":
+            path.write_text(set_yaml(path.read_text(), param.key, value))
+            continue
+        doc = _load(path, param.where)
+        node = doc
+        *parents, last = param.key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+        _dump(path, param.where, doc, note)
+    for path in {folder / p.file for p in params.values() if p.where == "yaml"} if note else ():
+        if path.is_file():
+            path.write_text("".join(f"# {part}\n" for part in note.splitlines()) + path.read_text())
+    launch = folder / "launch.sh"
+    if args or note:
+        launch.write_text(with_args(launch.read_text(), args, note))
+
+
+def exec_line(script: str) -> str:
+    return next((line for line in reversed(script.splitlines()) if line.lstrip().startswith("exec ")), "")
+
+
+def with_args(script: str, args: list[str], note: str = "") -> str:
+    """launch.sh with ``args`` added to its exec line before ``"$@"`` (the last value of a flag wins in these
+    engines' parsers) and ``note`` as a comment after the shebang."""
+    lines = script.splitlines()
+    index = max(i for i, line in enumerate(lines) if line.lstrip().startswith("exec "))
+    extra = " ".join(shlex.quote(a) for a in args)
+    if extra:
+        line = lines[index]
+        lines[index] = (line[: line.rindex('"$@"')] + extra + ' "$@"') if '"$@"' in line else f"{line} {extra}"
+    if note:
+        lines[1:1] = [f"# {part}" for part in note.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _load(path: Path, where: str) -> dict:
+    text = path.read_text()
+    if where == "json":
+        return json.loads(text)
+    from llmopt.libraries import require
+
+    return require("yaml", "deploy", "tuning launch configs", package="pyyaml").safe_load(text) or {}
+
+
+def _dump(path: Path, where: str, doc: dict, note: str) -> None:
+    if where == "json":
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def set_yaml(text: str, key: str, value: Any) -> str:
+    """YAML ``text`` (block style, two-space indents, as llmopt writes it) with the dotted ``key`` set to the
+    scalar ``value`` (None: removed), line by line so that its comments stay where they are."""
+    lines, parts = text.splitlines(), key.split(".")
+    start, indent = 0, 0
+    for depth, part in enumerate(parts):
+        pattern = re.compile(rf"^{' ' * indent}{re.escape(part)}:(\s|$)")
+        found = next((i for i in range(start, len(lines)) if pattern.match(lines[i])), None)
+        if found is None:  # add what is missing under the last parent found
+            block = [f"{'  ' * (depth + d)}{p}:" for d, p in enumerate(parts[depth:-1])]
+            leaf = f"{'  ' * (len(parts) - 1)}{parts[-1]}: {json.dumps(value)}"
+            if value is not None:
+                lines[start:start] = [*block, leaf] if depth else []
+                if not depth:
+                    lines += [*block, leaf]
+            return "\n".join(lines) + "\n"
+        if depth == len(parts) - 1:
+            if value is None:
+                del lines[found]
+            else:
+                lines[found] = f"{' ' * indent}{part}: {json.dumps(value)}"
+            return "\n".join(lines) + "\n"
+        start, indent = found + 1, indent + 2
+    return text
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def check_overrides(engine: str, overrides: dict[str, list]) -> str | None:
+    """What is wrong with ``[tune] space`` for ``engine``, or None."""
+    names = [p.name for p in space(engine)]
+    unknown = [k for k in overrides if k not in names]
+    if unknown:
+        return (f"[tune] space names {', '.join(unknown)}, which {engine} is not tuned on (its parameters: "
+                f"{', '.join(names) or 'none'})")
+    return None
+
+
+def require_space(engine: str) -> tuple[Param, ...]:
+    found = space(engine)
+    if not found:
+        raise StageFailed(f"no tuning space for the {engine} engine", where="[tune]",
+                          fix=f"tune one of: {', '.join(SPACES)}")
+    return found

@@ -1,0 +1,167 @@
+"""The tune stage of ``llmopt run``, and the trial runner ``llmopt tune ARTIFACT`` shares with it.
+
+With ``[tune] enabled = true`` the plan gets a ``tune`` stage after the deploy stage (and after the
+bench stage, when there is one). Each trial lays out the final model and a copy of the deploy stage's
+``deploy/<engine>/`` with the trial's values written in (``spaces.apply``), starts it as the bench stage
+starts the artifact's server (``llmopt.bench.runner.run_bench``: the server is always stopped), sends
+``[serve].workload`` with ``[bench]`` requests and warm-up, and scores it (``search``). The stage writes
+tuning.json, the winner's ``deploy/`` folder (which the artifact carries instead of the prediction) and
+a plot of the trials.
+
+The key hashes the deploy stage's key, the model stage's key, the tune options, the workload, the SLO
+and whether the engine is installed here. Trials are kept in ``<cache>/tune/<key>/`` (not in the
+stage's temporary folder, which a killed run loses), so a killed search resumes. An engine that is not
+installed here leaves the prediction in place, and tuning.json says why.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmopt.backends.base import StageContext
+from llmopt.errors import Problem
+from llmopt.recipe.schema import SLO, Workload
+
+
+class TuneStageOptions(BaseModel):
+    """What the tune stage searches and how it measures: from [serve], [bench] and [tune]."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: str = Field(description="The engine the deploy stage's launch config starts ([serve] backend).")
+    workload: Workload = Field(description="[serve].workload: what every trial sends.")
+    slo: SLO = Field(description="[serve].slo: goodput counts the requests within it.")
+    requests: int = Field(ge=1, description="[tune] requests, else [bench] requests: measured requests per trial.")
+    warmup: int = Field(ge=0, description="[bench] warmup: requests sent first and left out.")
+    max_trials: int = Field(ge=1, description="[tune] max_trials.")
+    max_minutes: float | None = Field(None, description="[tune] max_minutes.")
+    repeats: int = Field(ge=0, description="[tune] repeats: confirmation rounds of default and winner.")
+    space: dict[str, list[Any]] = Field(default_factory=dict, description="[tune] space: candidates per parameter.")
+    startup_timeout_s: float = Field(1200.0, gt=0, description="[tune] startup_timeout_s.")
+
+
+def tune_options(recipe) -> TuneStageOptions:
+    serve, bench, tune = recipe.serve, recipe.bench, recipe.tune
+    return TuneStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo,
+                            requests=tune.requests or bench.requests, warmup=bench.warmup,
+                            max_trials=tune.max_trials, max_minutes=tune.max_minutes, repeats=tune.repeats,
+                            space=tune.space, startup_timeout_s=tune.startup_timeout_s)
+
+
+def engine_available(engine: str) -> bool:
+    from llmopt.bench import engine as engines
+
+    return engine not in engines.INSTALLED_BY or engines.engine_installed(engine)
+
+
+def plan_problems(loaded) -> list[Problem]:
+    """No [serve] section (an error), a [tune] space naming parameters the engine does not have (an error), or
+    an engine that is not installed here (a warning: the prediction stays)."""
+    from llmopt.tune import spaces
+
+    recipe, where = loaded.recipe, loaded.where("tune", "enabled")
+    if recipe.serve is None:
+        return [Problem("[tune] enabled = true, but the recipe has no [serve] section: there is no launch config "
+                        "to tune", where, "add a [serve] section (backend, workload, slo), or set [tune] enabled = "
+                        "false")]
+    name = recipe.serve.backend
+    wrong = spaces.check_overrides(name, recipe.tune.space)
+    if wrong:
+        return [Problem(wrong, loaded.where("tune", "space"), "name only the engine's parameters (docs/tune.md)")]
+    if not engine_available(name):
+        return [Problem(f"[tune] cannot start {name} on this machine (not installed): the launch config stays the "
+                        "prediction, and tuning.json says so", where,
+                        f"run where {name} is installed, or `llmopt tune ARTIFACT` there", severity="warning")]
+    return []
+
+
+def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict) -> Path:
+    """A folder laid out as an artifact for one trial: ``model/`` (a link), ``deploy/<engine>/`` with ``values``
+    written in, and ``manifest.json``."""
+    from llmopt.cache import write_json
+    from llmopt.tune import spaces
+
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / "model").symlink_to(Path(model_dir).resolve(), target_is_directory=True)
+    folder = root / "deploy" / engine
+    shutil.copytree(deploy_dir, folder, ignore=shutil.ignore_patterns("manifest.json"))
+    spaces.apply(folder, engine, values)
+    write_json(root / "manifest.json", manifest)
+    return root
+
+
+def measurer(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest: dict, cache_root: Path,
+             scratch: Path, say):
+    """measure(values, out_dir): one trial on the live engine, its server always stopped."""
+    from llmopt.bench.options import BenchOptions
+    from llmopt.bench.runner import run_bench
+
+    bench = BenchOptions(requests=options.requests, warmup=options.warmup, repeats=1, engine=options.engine,
+                         plots=False, startup_timeout_s=options.startup_timeout_s)
+
+    def measure(values: dict, out_dir: Path) -> dict:
+        target = trial_target(scratch / "target", model_dir, deploy_dir, options.engine, manifest, values)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)  # a trial killed half-way: measured again
+        try:
+            return run_bench(target, options.workload, options.slo, bench, out_dir, cache_dir=cache_root, say=say)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+    return measure
+
+
+def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest: dict, cache_root: Path,
+         store_root: Path, out_dir: Path, say) -> dict:
+    """The search for ``deploy_dir``'s engine, then tuning.json, the winner's ``deploy/`` and the plot in
+    ``out_dir``; returns tuning.json's content."""
+    from llmopt.tune import report, spaces
+    from llmopt.tune.search import Budget, Search, TrialStore
+
+    spaces.require_space(options.engine)
+    if not engine_available(options.engine):
+        result = {"tuned": False, "engine": options.engine, "reason": f"{options.engine} is not installed on this "
+                  "machine: the launch config is the prediction, not measured", "trials": []}
+        return report.write(result, options, deploy_dir, out_dir)
+    grid = spaces.grid(options.engine, deploy_dir, options.workload.concurrency, options.space)
+    store = TrialStore(store_root)
+    measure = measurer(options, model_dir, deploy_dir, manifest, cache_root, store.root, say)
+    budget = Budget(options.max_trials, options.max_minutes, options.repeats)
+    search = Search(grid, measure, store, budget, goodput=any(v is not None for v in options.slo.model_dump().values()),
+                    say=say)
+    result = search.execute() | {"tuned": True, "engine": options.engine, "store": str(store.root)}
+    if not any(t["verdict"] != "failed" for t in result["trials"]):
+        result |= {"tuned": False, "reason": "no trial's server started: the launch config stays the prediction"}
+    return report.write(result, options, deploy_dir, out_dir)
+
+
+class TuneStage:
+    """The search over the deploy stage's launch config and the final model."""
+
+    requires = ()
+    version = 1
+
+    def run(self, options: TuneStageOptions, ctx: StageContext) -> dict:
+        from llmopt.tune import report
+
+        model = ctx.input_manifests["model"]
+        manifest = {"recipe": {"name": ctx.recipe.recipe.name, "resolved": ctx.recipe.recipe.model_dump(mode="json")},
+                    "stages": [{"name": model.get("stage"), "outputs": model.get("outputs") or {}}]}
+        store = Path(ctx.cache_root) / "tune" / ctx.out_dir.name.split(".")[0]
+        result = tune(options, Path(ctx.model_dir), Path(ctx.inputs["deploy"]), manifest, Path(ctx.cache_root), store,
+                      ctx.out_dir, ctx.progress)
+        return report.outputs(result)
+
+
+def store_for(cache_root: Path, material: dict) -> Path:
+    """The trial store of ``llmopt tune ARTIFACT``: keyed on what the trials depend on."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return Path(cache_root) / "tune" / f"artifact-{digest}"

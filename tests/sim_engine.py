@@ -1,0 +1,160 @@
+"""A simulated serving engine for the tune tests: the engine's real flag set in, latencies that depend on it out.
+
+``python tests/sim_engine.py ENGINE ARGS...`` takes the command line the artifact's launch.sh gives the
+engine (vllm: ``serve MODEL --config config.yaml ...``; trtllm: ``MODEL --backend pytorch --config
+config.yaml ...``; sglang: ``--model-path MODEL --flag value ...``), reads the config file the way the
+engine does (the command line wins over the file, the last value of a flag wins) and refuses any option the
+pinned engine version does not have, from llmopt's flag tables of vLLM 0.33.0, TensorRT-LLM 1.2.1 and
+SGLang 0.5.23 (``llmopt.deploy.flags``; vLLM's own parser is not installable on a machine without a GPU).
+It then serves the OpenAI streaming API of tests/test_bench_fakeserver.py, and every answer's delays
+depend on the tuned parameters:
+
+    speed = exp(-SHARPNESS x sum over parameters of |log2(value / best value)|)   (sizes)
+                                       ... of |value - best value| / 0.03      (memory fractions)
+    TTFT = LLMOPT_SIM_TTFT_MS / speed, inter-token gap = LLMOPT_SIM_ITL_MS / speed
+
+with the best values from ``LLMOPT_SIM_BEST`` (JSON: parameter -> value), so one setting is best and a
+search can be checked to find it. A memory fraction above ``LLMOPT_SIM_OOM_ABOVE`` exits at start-up as an
+engine out of memory does, and the settings of ``LLMOPT_SIM_HANG`` never answer. ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
+it measures here as simulated. A child process (``sleep``, as an engine's worker) is started, its pid written
+into ``LLMOPT_SIM_CHILDREN`` (a folder) when that is set, so tests can check the whole group is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_bench_fakeserver import FakeServer  # noqa: E402
+
+SHARPNESS = 0.7
+FRACTIONS = {"vllm": "gpu-memory-utilization", "trtllm": "free_gpu_memory_fraction", "sglang": "mem-fraction-static"}
+FRONTEND = {"host", "port", "config", "model", "model-path", "backend"}
+
+
+def parse(engine: str, argv: list[str]) -> dict:
+    """The engine's settings from its command line and config file; exits 2 on an unknown option."""
+    from llmopt.deploy import flags
+
+    if engine == "vllm" and argv[:1] == ["serve"]:
+        argv = argv[1:]
+    if engine in ("vllm", "trtllm") and argv and not argv[0].startswith("--"):
+        argv = argv[1:]  # the model
+    cli: dict = {}
+    i = 0
+    while i < len(argv):
+        if not argv[i].startswith("--"):
+            i += 1
+            continue
+        name = argv[i][2:]
+        if "=" in name:
+            name, value = name.split("=", 1)
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value, i = argv[i + 1], i + 2
+        else:
+            value, i = "true", i + 1
+        cli[name if engine == "trtllm" else name.replace("_", "-")] = value
+    settings: dict = {}
+    if "config" in cli:
+        import yaml
+
+        settings = yaml.safe_load(Path(cli["config"]).read_text()) or {}
+    if engine == "trtllm":
+        known = flags.TRTLLM_FIELDS | {"host", "port", "config", "backend"}
+        fraction = (settings.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")
+        if fraction is not None:
+            settings["free_gpu_memory_fraction"] = fraction
+        settings.pop("kv_cache_config", None)
+    else:
+        known = (flags.VLLM_FLAGS if engine == "vllm" else flags.SGLANG_FLAGS) | FRONTEND
+    for name in list(settings) + list(cli):
+        if name not in known and name != "free_gpu_memory_fraction":
+            print(f"{engine}: error: unrecognized arguments: --{name}", file=sys.stderr)
+            sys.exit(2)
+    return settings | cli
+
+
+def speed(settings: dict, best: dict) -> float:
+    """1 at the best setting, lower away from it: one unit per doubling of a size, per 0.03 of a fraction."""
+    def off(value: float, best_value: float) -> float:
+        if best_value <= 1:  # a memory fraction
+            return abs(value - best_value) / 0.03
+        return abs(math.log2(value / best_value))
+
+    return math.exp(-SHARPNESS * sum(off(float(settings[k]), float(v)) for k, v in best.items()
+                                     if settings.get(k) is not None))
+
+
+class SimServer(FakeServer):
+    def __init__(self, engine: str, factor: float):
+        super().__init__(owned_by=engine)
+        self.factor = factor
+        self.ttft = float(os.environ.get("LLMOPT_SIM_TTFT_MS", "20")) / factor
+        self.itl = float(os.environ.get("LLMOPT_SIM_ITL_MS", "5")) / factor
+
+    async def get(self, path: str, writer) -> None:
+        if path.startswith("/v1/models"):
+            await self.send_json(writer, 200, {"object": "list", "data": [{
+                "id": "sim-model", "object": "model", "created": 0, "owned_by": self.owned_by,
+                "max_model_len": 4096, "llmopt_simulated": True}]})
+        else:
+            await super().get(path, writer)
+
+    async def stream(self, i: int, path: str, req: dict, writer, arrived: float) -> None:
+        n_out = int(req.get("max_tokens") or 16)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        due = arrived + self.ttft / 1e3
+        for k in range(n_out):
+            due += 0.0 if k == 0 else self.itl / 1e3
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.chunk(writer, {"id": f"r{i}", "object": "chunk", "created": 0, "model": "sim-model", "choices": [
+                {"index": 0, "text": f" t{k}", "finish_reason": "length" if k == n_out - 1 else None}]})
+            await writer.drain()
+        if (req.get("stream_options") or {}).get("include_usage"):
+            prompt = req.get("prompt")
+            n_in = len(prompt) if isinstance(prompt, list) else 8
+            self.chunk(writer, {"id": f"r{i}", "choices": [], "usage": {
+                "prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}})
+        writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+
+async def serve(server: SimServer, port: int) -> None:
+    listening = await asyncio.start_server(server.handle, "127.0.0.1", port)
+    print(f"listening {listening.sockets[0].getsockname()[1]} (simulated {server.owned_by})", flush=True)
+    async with listening:
+        await listening.serve_forever()
+
+
+def main(argv: list[str]) -> None:
+    engine, settings = argv[0], parse(argv[0], argv[1:])
+    print(f"simulated {engine} with {json.dumps(settings, default=str)}", flush=True)
+    limit = os.environ.get("LLMOPT_SIM_OOM_ABOVE")
+    fraction = settings.get(FRACTIONS[engine])
+    if limit and fraction is not None and float(fraction) > float(limit):
+        print(f"torch.OutOfMemoryError: CUDA out of memory ({FRACTIONS[engine]} {fraction})", file=sys.stderr)
+        sys.exit(1)
+    child = subprocess.Popen(["sleep", "600"])
+    children = os.environ.get("LLMOPT_SIM_CHILDREN")
+    if children:
+        Path(children).mkdir(parents=True, exist_ok=True)
+        (Path(children) / str(child.pid)).write_text(str(os.getpid()))
+    hang = json.loads(os.environ.get("LLMOPT_SIM_HANG", "{}"))  # settings under which it never answers
+    if hang and all(str(settings.get(k)) == str(v) for k, v in hang.items()):
+        time.sleep(600)
+    best = json.loads(os.environ.get("LLMOPT_SIM_BEST", "{}"))
+    asyncio.run(serve(SimServer(engine, speed(settings, best)), int(settings.get("port", 0))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

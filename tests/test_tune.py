@@ -1,0 +1,311 @@
+"""The tune stage and ``llmopt tune`` against simulated engines (tests/sim_engine.py).
+
+A ``vllm`` (or ``trtllm-serve``) on PATH runs the simulator, which takes the engine's real flag set and
+answers with latencies that depend on the tuned flags, best at ``LLMOPT_SIM_BEST``. The tests check that
+the search finds that setting, that the artifact carries the winner and labels it simulated, that every
+started engine process is stopped whatever ends the search, and that a killed search resumes without
+repeating finished trials. No test asserts a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import load_json, run_cli, write_recipe
+from test_bench_fakeserver import alive
+
+from llmopt import api
+from llmopt.bench import engine
+from llmopt.tune import spaces
+from llmopt.tune.search import MIN_GAIN, Budget, Search, TrialStore
+
+SIM = Path(__file__).with_name("sim_engine.py")
+
+RECIPE = """schema_version = 1
+name = "tiny"
+
+[model]
+source = "{model}"
+
+[target]
+gpu = "H100-SXM-80GB"
+
+[serve]
+backend = "{backend}"
+max_model_len = 256
+workload = {{ input_len = 16, output_len = 4, concurrency = 2 }}
+slo = {{ ttft_p99_ms = {ttft} }}
+
+[bench]
+requests = 6
+warmup = 1
+
+[tune]
+enabled = true
+max_trials = {trials}
+repeats = {repeats}
+{space}
+"""
+
+
+def tune_recipe(folder: Path, model: Path, backend: str = "vllm", trials: int = 8, repeats: int = 1,
+                space: str = "", ttft: float = 60) -> Path:
+    return write_recipe(folder, RECIPE.format(model=model, backend=backend, trials=trials, repeats=repeats,
+                                              space=space, ttft=ttft))
+
+
+def put_sim(tmp_path: Path, monkeypatch, engine_name: str = "vllm", best: dict | None = None, **env) -> Path:
+    """The simulator as ``vllm`` / ``trtllm-serve`` on PATH; returns the folder where it records its children."""
+    bin_dir, children = tmp_path / "bin", tmp_path / "children"
+    bin_dir.mkdir(exist_ok=True)
+    command = {"vllm": "vllm", "trtllm": "trtllm-serve"}[engine_name]
+    (bin_dir / command).write_text(f"#!/bin/sh\nexec {sys.executable} {SIM} {engine_name} \"$@\"\n")
+    (bin_dir / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("LLMOPT_SIM_CHILDREN", str(children))
+    monkeypatch.setenv("LLMOPT_SIM_BEST", json.dumps(best or {}))
+    for key, value in env.items():
+        monkeypatch.setenv(f"LLMOPT_SIM_{key.upper()}", str(value))
+    return children
+
+
+def nothing_left(children: Path, cache: Path) -> bool:
+    """Every simulated engine's worker is gone, and no pid file is left."""
+    workers = [int(p.name) for p in children.glob("*")] if children.is_dir() else []
+    return not any(alive(pid) for pid in workers) and not list(engine.pid_dir(cache).glob("*.json"))
+
+
+@pytest.fixture(autouse=True)
+def no_server_left(isolated_cache):
+    yield
+    engine.stop_leftovers(isolated_cache)
+
+
+def predicted_vllm(tmp_path: Path, tiny_model: Path) -> dict:
+    plan = api.plan(tune_recipe(tmp_path, tiny_model))
+    assert not plan.errors, plan.errors
+    return plan
+
+
+# --- units ----------------------------------------------------------------------------------------------------
+
+def test_candidates_never_start_below_the_prediction():
+    size, fraction, threads, queue = (spaces.Param("p", "yaml", "f", "p", kind) for kind in
+                                      ("size", "fraction", "threads", "queue"))
+    assert spaces.candidates(size, 256, 4) == [256, 512, 1024]
+    assert spaces.candidates(fraction, 0.9, 4) == [0.9, 0.93, 0.95]
+    assert spaces.candidates(fraction, 0.95, 4) == [0.95]
+    assert spaces.candidates(threads, None, 4, cpus=2) == [None, 1, 2]
+    assert spaces.candidates(queue, 16, 4) == [16, 3]
+
+
+def test_apply_keeps_comments_and_appends_flags(tmp_path):
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("# header\n# why 256\nmax-num-seqs: 256\ngpu-memory-utilization: 0.9\n")
+    (folder / "launch.sh").write_text('#!/usr/bin/env bash\nexec vllm serve ./model --port 8000 "$@"\n')
+    spaces.apply(folder, "vllm", {"max-num-seqs": 512}, "Tuned by llmopt")
+    text = (folder / "config.yaml").read_text()
+    assert "# why 256\nmax-num-seqs: 512\n" in text and text.startswith("# Tuned by llmopt\n")
+    assert spaces.read(folder, spaces.SPACES["vllm"][0]) == 512
+    sg = tmp_path / "sg"
+    sg.mkdir()
+    (sg / "launch.sh").write_text('#!/usr/bin/env bash\nexec python3 -m sglang.launch_server --max-running-requests '
+                                  '64 --port 1 "$@"\n')
+    spaces.apply(sg, "sglang", {"max-running-requests": 128})
+    assert spaces.read(sg, spaces.SPACES["sglang"][0]) == 128
+    assert (sg / "launch.sh").read_text().rstrip().endswith('--max-running-requests 128 "$@"')
+
+
+def test_search_finds_a_separable_optimum_within_budget(tmp_path):
+    """Coordinate descent on a made-up objective: the best of every parameter, in fewer trials than the grid."""
+    grid = {"a": [1, 2, 4], "b": [10, 20, 40], "c": [0.9, 0.95]}
+    best = {"a": 4, "b": 20, "c": 0.95}
+
+    def measure(values, out_dir):
+        score = 10.0 / (1 + sum(v != best[k] for k, v in values.items()))
+        point = {"requests": {"failed": 0}, "goodput": {"requests_per_s": score, "fraction": 1.0}, "slo_met": {"ttft_p99_ms": True},
+                 "load": {}, "ttft_ms": None, "tpot_ms": None, "itl_ms": None, "e2e_ms": None,
+                 "request_throughput": score, "output_throughput": score, "total_token_throughput": score,
+                 "errors": {}}
+        return {"points": [point], "target": {}}
+
+    result = Search(grid, measure, TrialStore(tmp_path), Budget(12, None, 1), goodput=True).execute()
+    assert result["winner"] == best and result["gain"] == pytest.approx(4.0)
+    searched = [t for t in result["trials"] if t["round"] == "search"]
+    assert len(searched) < 3 * 3 * 2 and len({json.dumps(t["values"]) for t in searched}) == len(searched)
+
+
+# --- the stage against the simulated engine -------------------------------------------------------------------
+
+def test_tune_stage_finds_the_setting_the_simulator_makes_best(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    predicted = predicted_vllm(tmp_path, tiny_model)
+    assert [s.name for s in predicted.stages] == ["source", "deploy.vllm", "tune"]
+    kv = predicted.estimates["kv_cache"]
+    # best: twice the predicted sequences, the predicted token budget (llmopt's candidates: x1, x2, x4)
+    best = {"max-num-seqs": kv["max_num_seqs"] * 2, "max-num-batched-tokens": kv["max_num_batched_tokens"]}
+    children = put_sim(tmp_path, monkeypatch, best=best)
+    art = tmp_path / "art"
+    result = api.run(tune_recipe(tmp_path, tiny_model, space="space = { gpu-memory-utilization = [0.92] }"),
+                     output_dir=art)
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["simulated"] is True and tuning["tuned"] is True
+    assert tuning["default"]["max-num-seqs"] == kv["max_num_seqs"]
+    assert {k: tuning["winner"][k] for k in best} == best and tuning["gain"] > 1 + MIN_GAIN
+    assert all(t["simulated"] for t in tuning["trials"]) and len(tuning["trials"]) <= 8 + 2
+    config = (art / "deploy" / "vllm" / "config.yaml").read_text()
+    assert f"max-num-seqs: {best['max-num-seqs']}\n" in config and "simulated" in config.splitlines()[0]
+    assert "simulated" in (art / "deploy" / "vllm" / "launch.sh").read_text().splitlines()[1]
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["tune"]["simulated"] is True and manifest["tune"]["winner"] == tuning["winner"]
+    assert result.report["tune"]["winner"] == tuning["winner"]
+    summary = (art / "reports" / "report.md").read_text()
+    assert "## Launch tuning: vllm" in summary and "simulated" in summary
+    assert (art / "reports" / "tune" / "tuning.png").is_file()
+    assert nothing_left(children, isolated_cache)
+
+    # llmopt tune ARTIFACT: the same search over the artifact's (now tuned) launch config
+    out = tmp_path / "tuned"
+    res = run_cli("tune", str(art), "--max-trials", "2", "--repeats", "0", "-o", str(out), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    again = load_json(res.stdout)
+    assert again["default"]["max-num-seqs"] == best["max-num-seqs"] and again["simulated"] is True
+    assert len([t for t in again["trials"] if t["round"] == "search"]) == 2 and (out / "tuning.json").is_file()
+    assert nothing_left(children, isolated_cache)
+
+
+def test_engine_not_installed_keeps_the_prediction(tmp_path, tiny_model, isolated_cache):
+    assert not engine.engine_installed("vllm")
+    recipe, art = tune_recipe(tmp_path, tiny_model), tmp_path / "art"
+    res = run_cli("run", str(recipe), "-o", str(art), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert "cannot start vllm on this machine" in res.stderr and "stays the prediction" in res.stderr
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["tuned"] is False and "not installed" in tuning["reason"] and tuning["trials"] == []
+    launch = (art / "deploy" / "vllm" / "launch.sh").read_text()
+    assert "# Not tuned by llmopt: vllm is not installed" in launch
+    assert "Not tuned: vllm is not installed" in (art / "reports" / "report.md").read_text()
+
+
+def test_space_naming_an_unknown_parameter_is_a_plan_error(tmp_path, tiny_model):
+    res = run_cli("plan", str(tune_recipe(tmp_path, tiny_model, space="space = { max_batch_size = [8] }")))
+    assert res.returncode == 2 and "max_batch_size, which vllm is not tuned on" in res.stderr
+
+
+def test_crashed_and_hung_trials_are_failed_and_stopped(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """A candidate that runs out of memory at start-up, and one that never answers: both recorded as failed,
+    their servers stopped, and the search goes on."""
+    children = put_sim(tmp_path, monkeypatch, oom_above=0.93, hang=json.dumps({"max-num-seqs": "2048"}))
+    recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
+                         space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92, 0.95] }\n"
+                         "startup_timeout_s = 5")
+    art = tmp_path / "art"
+    api.run(recipe, output_dir=art)
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    verdicts = {json.dumps(t["values"], sort_keys=True): t for t in tuning["trials"]}
+    failed = [t for t in verdicts.values() if t["verdict"] == "failed"]
+    errors = " ".join(t["error"] for t in failed)
+    assert len(failed) == 2 and "did not answer" in errors and "exited with code 1" in errors
+    assert all(t["values"] != tuning["winner"] for t in failed)  # a failed trial never wins
+    assert nothing_left(children, isolated_cache)
+
+
+def start_run(recipe: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(recipe), "-o", str(out), "--format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished_trials(cache: Path) -> list[Path]:
+    return sorted(cache.glob("tune/*/trials/*.json"))
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_kill_9_then_resume_without_repeating_finished_trials(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    children = put_sim(tmp_path, monkeypatch, itl_ms=40)
+    recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
+                         space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92] }")
+    proc = start_run(recipe, tmp_path / "art")
+    wait_for(lambda: len(finished_trials(isolated_cache)) >= 2 and list(engine.pid_dir(isolated_cache).glob("*.json")))
+    proc.kill()  # SIGKILL to llmopt only; the trial's engine runs in its own process group
+    proc.communicate(timeout=30)
+    done = {p.stem for p in finished_trials(isolated_cache)}
+    left = [int(p.stem) for p in engine.pid_dir(isolated_cache).glob("*.json")]
+    assert left and any(alive(pid) for pid in left)  # an engine left behind
+
+    res = run_cli("run", str(recipe), "-o", str(tmp_path / "art"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert "stopped a server left by an earlier llmopt run" in res.stderr
+    assert not any(alive(pid) for pid in left)
+    tuning = json.loads((tmp_path / "art" / "reports" / "tune" / "tuning.json").read_text())
+    cached = {t["id"] for t in tuning["trials"] if t["cached"]}
+    assert done <= cached and len({t["id"] for t in tuning["trials"]}) == len(tuning["trials"])
+    assert nothing_left(children, isolated_cache)
+
+
+def test_ctrl_c_stops_the_engine(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """Ctrl-C during a trial (SIGTERM takes the same path: llmopt.bench.engine.terminate_as_interrupt)."""
+    children = put_sim(tmp_path, monkeypatch, itl_ms=40)
+    proc = start_run(tune_recipe(tmp_path, tiny_model), tmp_path / "art")
+    wait_for(lambda: len(finished_trials(isolated_cache)) >= 1 and list(engine.pid_dir(isolated_cache).glob("*.json")))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert nothing_left(children, isolated_cache) and not (tmp_path / "art").exists()
+
+
+@pytest.mark.slow
+def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolated_cache):
+    """The real CPU path: ONNX Runtime's intra-op threads written into genai_config.json and llmopt serve's
+    --max-queue onto launch.sh's command, each trial served by `llmopt serve`; the figures are measured."""
+    body = (f'schema_version = 1\nname = "tiny-ort"\n\n[model]\nsource = "{tiny_model}"\n\n'
+            '[export]\nformat = "onnx"\nprecision = "fp32"\n\n'
+            '[serve]\nbackend = "ort"\nmax_model_len = 256\n'
+            'workload = { input_len = 16, output_len = 4, concurrency = 2 }\nslo = { ttft_p99_ms = 60000 }\n\n'
+            '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 3\nrepeats = 0\n'
+            'space = { intra_op_num_threads = [1], max-queue = [16, 1] }\n')
+    art = tmp_path / "art"
+    res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
+        "intra_op_num_threads": [None, 1], "max-queue": [16, 1]}
+    assert all(t["verdict"] == "meets SLO" for t in tuning["trials"]), tuning["trials"]
+    trial = next(t for t in tuning["trials"] if t["values"]["intra_op_num_threads"] == 1)
+    assert trial["figures"]["requests"]["ok"] == 4
+    config = json.loads((art / "deploy" / "ort" / "genai_config.json").read_text())
+    threads = config["model"]["decoder"]["session_options"].get("intra_op_num_threads")
+    assert threads == tuning["winner"]["intra_op_num_threads"]
+    assert "measured on the live engine" in (art / "deploy" / "ort" / "launch.sh").read_text().splitlines()[1]
+    assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
+
+
+def test_trtllm_search_writes_its_yaml_keys(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """TensorRT-LLM's space: max_batch_size in config.yaml, the KV fraction under kv_cache_config."""
+    plan = api.plan(tune_recipe(tmp_path, tiny_model, backend="trtllm"))
+    batch = plan.estimates["kv_cache"]["max_num_seqs"]
+    children = put_sim(tmp_path, monkeypatch, "trtllm", best={"max_batch_size": batch * 4,
+                                                               "free_gpu_memory_fraction": 0.95})
+    recipe = tune_recipe(tmp_path, tiny_model, backend="trtllm", trials=5, repeats=0, ttft=5000,
+                         space="space = { max_num_tokens = [8192] }")  # every trial within the SLO
+    art = tmp_path / "art"
+    api.run(recipe, output_dir=art)
+    tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+    assert tuning["winner"]["max_batch_size"] == batch * 4 and tuning["winner"]["free_gpu_memory_fraction"] == 0.95
+    config = (art / "deploy" / "trtllm" / "config.yaml").read_text()
+    assert f"max_batch_size: {batch * 4}\n" in config and "  free_gpu_memory_fraction: 0.95\n" in config
+    assert nothing_left(children, isolated_cache)
