@@ -94,8 +94,8 @@ class OnnxExportOptions(Options):
         "int4", description="int8: keep the most quantization-sensitive layers (first/last eighth, every third "
         "qkv/v/down projection) at 8 bits (matmul_mixed_precision=mixed_layers:int8).")
     embedding: Literal["auto", "float", "int8", "int4"] = Field(
-        "auto", description="Precision of the token embedding table (GatherBlockQuantized, blocks of block_size "
-        "columns, symmetric int8 or int4 as is_symmetric says). auto: the LM head's table where the builder shares "
+        "auto", description="Precision of the token embedding table: int8 / int4 store it as GatherBlockQuantized "
+        "blocks of block_size columns (int8 symmetric; int4 as is_symmetric says). auto: the LM head's table where the builder shares "
         "it (int4 for a tied int4 head), float otherwise. int4 needs precision = \"int4\" (the builder's own "
         "quantizer, op_types_to_quantize=MatMul/Gather); an embedding of another precision than a tied head keeps "
         "its own table.")
