@@ -225,11 +225,11 @@ class OnnxExport:
         parsed = builder.parse_extra_options(None, str(source), str(out), options.precision,
                                              options.execution_provider, cache, extra)
         builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
-        if carry is not None:
-            quantized |= finish_gguf(out / "model.onnx", reader, residuals, ctx)
-        if options.embedding == "int8":
+        if options.embedding == "int8":  # before the GGUF residuals, whose shape tensors must stay inline
             ctx.progress("quantizing the embedding table to 8 bits (GatherBlockQuantized)")
             onnx_embedding.quantize_int8(out / "model.onnx", options.block_size, work)
+        if carry is not None:
+            quantized |= finish_gguf(out / "model.onnx", reader, residuals, ctx)
         copy_tokenizer_files(ctx.model_dir, out)
         tokenizer_fixed = fix_tokenizer_decoder(out / "tokenizer.json")
         tune_genai_config(out / "genai_config.json", options)
