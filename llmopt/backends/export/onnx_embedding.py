@@ -11,8 +11,9 @@ rows it gathers. Where the table comes from:
 * int8: the builder refuses 8-bit embeddings and ``MatMulNBitsQuantizer`` quantizes Gather to
   4 bits only, while the kernel reads 8-bit tables (``bits = 8``, uint8 codes, zero point 128
   when none is given). ``quantize_int8`` writes that node after the build: symmetric blocks,
-  ``scale = max |w| / 127`` (Q8_0's rule, so a Q8_0 GGUF table with 32-column blocks comes back
-  exactly), scales in the table's own dtype.
+  ``scale = max |w| / 127`` (Q8_0's rule; a GGUF source's Q8_0 table is not carried exactly, as
+  its blocks are: it reaches the builder as float and is rounded again), scales in the table's
+  own dtype.
 
 Plain functions, used by the onnx export stage. Needs: onnx_ir, numpy.
 """
