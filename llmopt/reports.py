@@ -272,6 +272,18 @@ def junit(name: str, gates: list[dict]) -> str:
     return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True)
 
 
+def tables_note(manifest: dict) -> str:
+    """How an ONNX export gathers its token embeddings (``onnx_embedding.describe``), for the card."""
+    embed = next((s["outputs"].get("embedding") for s in manifest.get("stages", [])
+                  if s.get("outputs", {}).get("embedding")), None)
+    if not embed or not embed.get("op"):
+        return ""
+    shared = ", the LM head's" if embed.get("shared_with_lm_head") else ""
+    if embed["op"] == "Gather":
+        return f"; embedding table float{shared}"
+    return f"; embedding table int{embed['bits']} GatherBlockQuantized, blocks of {embed['block_size']}{shared}"
+
+
 def card(plan, manifest: dict, gates: list[dict]) -> str:
     recipe = plan.recipe.recipe
     steps = ", ".join(f"{s.method}" for s in recipe.compress) or "none"
@@ -285,7 +297,7 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
         "",
         f"- source: `{recipe.model.source}` (fingerprint `{(manifest['source']['fingerprint'] or '')[:16]}`)",
         f"- compression: {steps}",
-        f"- export format: {recipe.export.format}",
+        f"- export format: {recipe.export.format}" + tables_note(manifest),
         f"- calibration: {recipe.calibration.data}, {recipe.calibration.samples} x {recipe.calibration.max_seq_len} tokens"
         + (f" (sha256 `{manifest['calibration_sha256'][:16]}`)" if manifest.get("calibration_sha256") else ""),
         f"- model folder: {human_size(est.get('model_bytes_before'))} -> {human_size(est.get('artifact_bytes'))} estimated"

@@ -227,7 +227,10 @@ BUILDER_BYTES = {
     'precision = "int4"\nis_symmetric = false\nshared_embeddings = false': 233_344,
     'precision = "int4"\nalgo_config = "k_quant"': 102_272,  # zero points even when symmetric
     'precision = "int4"\nmixed_layers = "int8"\nblock_size = 64': 102_144,  # layer 0 of 2 keeps qkv, down at 8 bits
-    'precision = "int8"': 284_928,  # GatherBlockQuantized reads 4 bits only: the embedding stays float32
+    'precision = "int8"': 284_928,  # the builder shares 4-bit tables only: the embedding stays float32
+    'precision = "int4"\nlm_head = "int8"\nembedding = "int4"': 137_472,  # 4-bit codes + a float32 scale per 32
+    'precision = "int4"\nlm_head = "int8"\nembedding = "int8"': 153_856,  # 8-bit codes + a float32 scale per 32
+    'precision = "int4"\nembedding = "float"': 231_680,  # the int4 head's table and a float32 one
     'precision = "fp16"': 230_016,  # everything float16, one table
 }
 

@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
-from llmopt.backends.export import gguf_layout, gptq_layout, onnx_size, onnx_verify
+from llmopt.backends.export import gguf_layout, gptq_layout, onnx_embedding, onnx_size, onnx_verify
 from llmopt.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
@@ -62,7 +62,7 @@ TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json", "tokenizer.mo
 OPT_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
               "all": "ORT_ENABLE_ALL"}
 TYPED_KEYS = {"block_size", "accuracy_level", "is_symmetric", "algo_config", "matmul_mixed_precision",
-              "shared_embeddings", "exclude_lm_head", "nodes_to_exclude", "hf_remote", "hf_token"}
+              "shared_embeddings", "exclude_lm_head", "nodes_to_exclude", "hf_remote", "hf_token", "op_types_to_quantize"}
 
 
 class OnnxExportOptions(Options):
@@ -93,6 +93,12 @@ class OnnxExportOptions(Options):
     mixed_layers: Literal["int4", "int8"] = Field(
         "int4", description="int8: keep the most quantization-sensitive layers (first/last eighth, every third "
         "qkv/v/down projection) at 8 bits (matmul_mixed_precision=mixed_layers:int8).")
+    embedding: Literal["auto", "float", "int8", "int4"] = Field(
+        "auto", description="Precision of the token embedding table: int8 / int4 store it as GatherBlockQuantized "
+        "blocks of block_size columns (int8 symmetric; int4 as is_symmetric says). auto: the LM head's table where the builder shares "
+        "it (int4 for a tied int4 head), float otherwise. int4 needs precision = \"int4\" (the builder's own "
+        "quantizer, op_types_to_quantize=MatMul/Gather); an embedding of another precision than a tied head keeps "
+        "its own table.")
     shared_embeddings: bool | None = Field(
         None, description="Share one table between the embedding and the LM head (tied models only). None: shared "
         "when the model ties them, except around a float LM head of a pre-quantized checkpoint.")
@@ -157,7 +163,8 @@ class OnnxExport:
         head = head_precision(options, quantized) if options.precision in QUANTIZED else "float"
         shared = options.shared_embeddings
         if shared is None:  # as builder_extra asks, else the builder's default: shared when tied
-            shared = ctx.model.tie_embeddings and not (options.precision in QUANTIZED and head != options.precision)
+            shared = ctx.model.tie_embeddings and not (options.precision in QUANTIZED and head != options.precision) \
+                and options.embedding in ("auto", head)
         return onnx_size.layout(options, before, ctx.model, carried, head, shared)
 
     def check(self, options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
@@ -183,6 +190,12 @@ class OnnxExport:
                 "asymmetric int4/int8 with shared embeddings builds a model ONNX Runtime cannot load (the shared "
                 "table becomes uint8 where the embedding expects float)", "is_symmetric",
                 hint="set shared_embeddings = false, or keep is_symmetric = true"))
+        head = head_precision(options, {"from": "gguf", "lm_head": "int8"} if carry is not None else
+                              {"lm_head_quantized": False} if quantized else None) \
+            if options.precision in QUANTIZED else "float"
+        default_shared = info.tie_embeddings and options.shared_embeddings is not False and (
+            options.precision not in QUANTIZED or head == options.precision) and carry is None
+        problems += onnx_embedding.problems(options, info, head, default_shared, ctx, BLOCK_SIZES)
         if options.shared_embeddings and not info.tie_embeddings:
             problems.append(ctx.problem("shared_embeddings needs a model with tied embeddings (tie_word_embeddings)",
                                         "shared_embeddings", hint="remove shared_embeddings"))
@@ -212,6 +225,9 @@ class OnnxExport:
         parsed = builder.parse_extra_options(None, str(source), str(out), options.precision,
                                              options.execution_provider, cache, extra)
         builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
+        if options.embedding == "int8":  # before the GGUF residuals, whose shape tensors must stay inline
+            ctx.progress("quantizing the embedding table to 8 bits (GatherBlockQuantized)")
+            onnx_embedding.quantize_int8(out / "model.onnx", options.block_size, work)
         if carry is not None:
             quantized |= finish_gguf(out / "model.onnx", reader, residuals, ctx)
         copy_tokenizer_files(ctx.model_dir, out)
@@ -225,6 +241,7 @@ class OnnxExport:
             "execution_provider": options.execution_provider,
             "builder_options": extra,
             "quantized_input": quantized,
+            "embedding": onnx_embedding.describe(out / "model.onnx"),
             "tokenizer_decoder_fixed": tokenizer_fixed,
             "onnx_bytes": sum(p.stat().st_size for p in out.glob("*.onnx*")),
         }
@@ -349,8 +366,9 @@ def shares_embeddings(options: OnnxExportOptions, tied: bool, prequantized: bool
     if options.shared_embeddings is not None:
         return options.shared_embeddings
     if options.precision not in QUANTIZED:
-        return tied
-    return tied and head_precision(options, {"lm_head_quantized": False} if prequantized else None) == options.precision
+        return tied and options.embedding in ("auto", "float")
+    head = head_precision(options, {"lm_head_quantized": False} if prequantized else None)
+    return tied and head == options.precision and options.embedding in ("auto", head)
 
 
 def head_precision(options: OnnxExportOptions, quantized: dict | None) -> str:
@@ -397,6 +415,10 @@ def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[st
     shared = options.shared_embeddings
     if shared is None and head is not None and head != options.precision:
         shared = False  # an LM head of another precision (float, int8) keeps its own table
+    if shared is None and options.embedding not in ("auto", head or "float"):
+        shared = False  # an embedding of another precision than the head keeps its own table
+    if options.embedding == "int4":
+        kv["op_types_to_quantize"] = "MatMul/Gather"
     if shared is not None:
         kv["shared_embeddings"] = shared
     if options.exclude_lm_head:

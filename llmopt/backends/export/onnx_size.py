@@ -12,8 +12,10 @@ SmolLM2-135M):
   always writes its zero points (``qzeros``); carried GGUF blocks are asymmetric 32-column
   blocks, and each Q4_1 linear adds a float32 residual per block;
 * the embedding shares one table with a tied LM head when both are float or both int4
-  (GatherBlockQuantized); otherwise the embedding is its own float table (113 of the 212
-  MB of the quickstart: 49152 x 576 float32);
+  (GatherBlockQuantized); otherwise the embedding is its own table: float (113 of the 212
+  MB of the quickstart: 49152 x 576 float32) or, with ``embedding``, GatherBlockQuantized
+  codes of 4 or 8 bits per ``block_size`` columns with a scale per block in the io dtype
+  (and a 4-bit zero point per block for asymmetric int4);
 * ``model.onnx`` holds the graph; the weights are in ``model.onnx.data``, next to
   ``genai_config.json`` and the tokenizer files.
 """
@@ -89,15 +91,25 @@ def head_and_embedding(options, info, io: str, head: str, shared: bool, gguf: bo
     """(embedding, LM head or None) as written: one table when shared and both float or both int4."""
     plain = estimates.float_stored(io)
     if options.exclude_lm_head:
-        return plain, None
+        return embedding_table(options, io), None
     if head == "float":
         lm_head = plain
     else:  # GGUF heads and the heads of symmetric exports have no zero points
         lm_head = nbits(options, head, io, zero_points=False if gguf else None)
     both_float = head == "float" and options.precision not in QUANTIZED
-    both_int4 = head == "int4" and options.precision == "int4"  # GatherBlockQuantized reads 4-bit tables only
+    both_int4 = head == "int4" and options.precision == "int4"  # the builder shares 4-bit tables only
     one_table = shared and info.tie_embeddings and (both_float or both_int4)
-    return (lm_head, None) if one_table else (plain, lm_head)
+    return (lm_head, None) if one_table else (embedding_table(options, io), lm_head)
+
+
+def embedding_table(options, io: str) -> estimates.Stored:
+    """An embedding table of its own: float, or GatherBlockQuantized blocks (``embedding``)."""
+    if options.embedding not in QUANTIZED:
+        return estimates.float_stored(io)
+    bits = 4 if options.embedding == "int4" else 8
+    zero = bits if bits == 4 and not options.is_symmetric else 0  # the int8 table is symmetric (zero point 128)
+    return estimates.Stored(bits, options.block_size, estimates.DTYPE_BYTES[io], zero, tensors=3 if zero else 2,
+                            what=f"{options.embedding} GatherBlockQuantized, {io} scale per {options.block_size} columns")
 
 
 def layout(options, before: estimates.Layout, info, carried: dict | None, head: str, shared: bool) -> estimates.Layout:

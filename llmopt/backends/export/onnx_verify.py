@@ -2,8 +2,8 @@
 
 A plain ``InferenceSession`` on the requested execution provider runs a prefill and
 a few decode steps (the KV cache fed back), with profiling on. From the profile:
-kernel time by operator type, whether MatMulNBits (the int4/int8 kernels) is in
-the graph and executed, and every node that ran on another execution provider
+kernel time by operator type, whether MatMulNBits (the int4/int8 kernels) and
+GatherBlockQuantized (a quantized embedding table) are in the graph and executed, and every node that ran on another execution provider
 than the one asked for (a silent fallback). Plain functions, used by the onnx
 export stage. Needs: onnxruntime, onnx, numpy.
 """
@@ -52,8 +52,9 @@ def profile(model_dir: Path, ep: str, quantized: bool, intra_op_threads: int | N
         run_steps(session, config)
         events = json.loads(Path(session.end_profiling()).read_text())
     report |= summarize_events(events, wanted)
-    report["matmulnbits"] = {"in_graph": count_ops(model_dir / config["decoder"]["filename"], "MatMulNBits"),
-                             "executed": report["by_op"].get("MatMulNBits", {}).get("nodes", 0)}
+    for op in ("MatMulNBits", "GatherBlockQuantized"):
+        report[op.lower()] = {"in_graph": count_ops(model_dir / config["decoder"]["filename"], op),
+                              "executed": report["by_op"].get(op, {}).get("nodes", 0)}
     report["problems"] = judge(report, quantized)
     report["status"] = "failed" if report["problems"] else "passed"
     return report
@@ -137,6 +138,9 @@ def judge(report: dict, quantized: bool) -> list[str]:
         problems.append("the int4/int8 model has no MatMulNBits node")
     elif quantized and nbits["executed"] < nbits["in_graph"]:
         problems.append(f"only {nbits['executed']} of {nbits['in_graph']} MatMulNBits nodes executed")
+    gathers = report.get("gatherblockquantized", {"in_graph": 0, "executed": 0})
+    if gathers["executed"] < gathers["in_graph"]:
+        problems.append(f"only {gathers['executed']} of {gathers['in_graph']} GatherBlockQuantized nodes executed")
     heavy = [f for f in report["fallback"] if f["op"] in HEAVY_OPS]
     if heavy:
         listed = ", ".join(f"{f['node']} ({f['op']} on {f['ep']})" for f in heavy[:5])
@@ -146,7 +150,8 @@ def judge(report: dict, quantized: bool) -> list[str]:
 
 def summary(report: dict) -> dict:
     """The part of the report that goes into the stage manifest."""
-    keys = ("status", "execution_provider", "reason", "runs", "kernel_ms", "matmulnbits", "problems")
+    keys = ("status", "execution_provider", "reason", "runs", "kernel_ms", "matmulnbits", "gatherblockquantized",
+            "problems")
     out = {k: report[k] for k in keys if k in report}
     if "by_op" in report:
         out["top_ops"] = {op: v["share"] for op, v in list(report["by_op"].items())[:6]}
