@@ -124,15 +124,12 @@ def layer_work_bytes(info: ModelInfo, work: Work) -> int:
     linears = layer_linears(info)
     if not work.calibrates:
         return max(rows * cols for rows, cols in linears) * DATAFREE_TEMP
-    hessians = 0
+    hessians, temps = 0, max(rows * cols for rows, cols in linears) * 4
     if work.hessian:
         attention = sum(cols * cols for _, cols in linears[:-3 * max(1, info.num_experts + info.shared_experts)])
         mlp = sum(cols * cols for _, cols in linears) - attention
         hessians = int((attention + mlp * (MOE_HESSIAN_FACTOR if info.moe_layers else 1)) * HESSIAN_BYTES)
-    if work.hessian:
         temps = max(rows * cols * GPTQ_TEMP * 4 + 2 * cols * cols * 4 for rows, cols in linears)
-    else:
-        temps = max(rows * cols for rows, cols in linears) * 4
     width = max(info.intermediate_size, info.expert_width * max(info.experts_per_token, 1), info.hidden_size)
     activations = work.seq_len * (3 * width + 4 * info.hidden_size) * 4
     return hessians + temps + activations
