@@ -229,24 +229,15 @@ def refusal_fix(info: ModelInfo, work: Work, machine: Machine, tried: list[Footp
 HESSIAN_METHODS = ("gptq", "sparsegpt")
 
 
-def machine_of(recipe, cache_root=None) -> Machine:
-    """The compute machine a recipe describes; what it leaves out is this machine's (host memory available
-    now, free disk under the cache)."""
-    import shutil
-    from pathlib import Path
-
+def machine_of(recipe) -> Machine:
+    """The compute machine a recipe describes. Host memory and disk are judged only where [compute] gives
+    them: the plan may run on another machine than the stage."""
     from llmopt.catalog.gpus import find_gpu
-    from llmopt.sysinfo import available_ram
 
     compute = recipe.compute
     name = compute.gpu or recipe.target.gpu
-    ram = int(compute.host_ram_gib * GIB) if compute.host_ram_gib else available_ram()
+    ram = int(compute.host_ram_gib * GIB) if compute.host_ram_gib else None
     disk = int(compute.disk_gib * GIB) if compute.disk_gib else None
-    if disk is None and cache_root is not None:
-        where = Path(cache_root).expanduser().resolve()
-        while not where.exists() and where != where.parent:
-            where = where.parent
-        disk = shutil.disk_usage(where).free
     return Machine(find_gpu(name) if name else None, compute.count, ram, disk)
 
 
@@ -266,12 +257,12 @@ def work_of(recipe, info: ModelInfo, methods: list[tuple[str, bool]], out: dict 
                 float_weight_bytes(info, dtype) if is_hub_id(recipe.model.source) else 0)
 
 
-def plan_placement(loaded, info: ModelInfo, methods: list[tuple[str, bool]], out: dict | None, cache_root):
+def plan_placement(loaded, info: ModelInfo, methods: list[tuple[str, bool]], out: dict | None):
     """The plan's placement of the compress stage: (estimates entry, problems). No GPU named: no placement."""
     from llmopt.errors import Problem
 
     recipe = loaded.recipe
-    machine = machine_of(recipe, cache_root)
+    machine = machine_of(recipe)
     work = work_of(recipe, info, methods, out)
     if machine.gpu is None:
         return None, moe_problems(loaded, info, work, methods)
@@ -323,12 +314,16 @@ def for_stage(ctx, method: str, calibrates: bool) -> Footprint | None:
 
     if not str(ctx.device).startswith("cuda"):
         return None
+    from llmopt.sysinfo import available_ram
+
     recipe = ctx.recipe.recipe
     machine = machine_of(recipe)
     if machine.gpu is None:
         props = torch.cuda.get_device_properties(0)
         local = GPU(props.name, props.total_memory / GIB, (props.major, props.minor), 0, "local")
         machine = Machine(local, min(recipe.compute.count, torch.cuda.device_count()), machine.host_ram_bytes)
+    if machine.host_ram_bytes is None:  # the stage runs here: this machine's memory
+        machine = Machine(machine.gpu, machine.count, available_ram(), machine.disk_bytes)
     info = from_folder(ctx.model_dir)
     chosen, _ = choose(info, work_of(recipe, info, [(method, calibrates)]), machine, recipe.compute.placement)
     return chosen

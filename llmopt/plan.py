@@ -151,7 +151,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     placed = None
     if scope == "run":
         problems += cross_stage_rules(loaded, stages, builder.info, gpu)
-        placed = compress_placement(loaded, stages, info, builder.info, cache, problems)
+        placed = compress_placement(loaded, stages, info, builder.info, problems)
     if strict:
         for problem in problems:
             problem.severity = "error"
@@ -520,7 +520,7 @@ def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: 
 
 
 def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelInfo | None, final: ModelInfo | None,
-                       cache: Cache, problems: list[Problem]) -> dict | None:
+                       problems: list[Problem]) -> dict | None:
     """How the compress stage holds the model on the compute machine (``llmopt.placement``); its refusal
     when nothing fits, and the MoE calibration warning, join ``problems``."""
     from llmopt import placement
@@ -532,7 +532,7 @@ def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelI
         out = estimates.model_size(loaded, final or source)
     except Exception:  # a layout a backend cannot describe: the disk need is then the download alone
         out = None
-    entry, found = placement.plan_placement(loaded, source, steps, out, cache.root)
+    entry, found = placement.plan_placement(loaded, source, steps, out)
     problems += found
     return entry
 

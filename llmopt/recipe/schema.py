@@ -101,9 +101,11 @@ class ComputeSection(Section):
         "None: target.gpu; neither: the CPU.")
     count: int = Field(1, ge=1, le=64, description="GPUs of that machine the compress stage may use.")
     host_ram_gib: float | None = Field(
-        None, gt=0, description="Host memory of that machine in GiB. None: what this machine has available now.")
+        None, gt=0, description="Host memory of that machine in GiB. None: not judged at plan time (the stage "
+        "judges what its machine has available).")
     disk_gib: float | None = Field(
-        None, gt=0, description="Free disk for the stage cache in GiB. None: what the cache folder's disk has free.")
+        None, gt=0, description="Free disk for the stage cache in GiB (the download of a hub model and the "
+        "stage's output). None: not judged.")
     placement: Literal["auto", "gpu", "onload", "multi_gpu"] = Field(
         "auto", description="How the compress stage holds the model: gpu (whole on one GPU), onload (weights in "
         "host memory, one decoder layer at a time on the GPU: the library's sequential onloading), multi_gpu "
