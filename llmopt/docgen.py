@@ -21,6 +21,7 @@ SECTIONS = [
     ("[compress]", schema.CompressStep),
     ("export", schema.ExportSection),
     ("target", schema.TargetSection),
+    ("compute", schema.ComputeSection),
     ("serve", schema.ServeSection),
     ("serve.workload", schema.Workload),
     ("serve.slo", schema.SLO),

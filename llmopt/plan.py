@@ -154,8 +154,10 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
         builder.gate()
     stages = builder.stages
     problems += held_out_problems(loaded, stages)
+    placed = None
     if scope == "run":
         problems += cross_stage_rules(loaded, stages, builder.info, gpu)
+        placed = compress_placement(loaded, stages, info, builder.info, problems)
     if strict:
         for problem in problems:
             problem.severity = "error"
@@ -164,6 +166,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
     plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
     plan.estimates = plan_estimates(plan, builder.info) if scope == "run" else {}  # the final model's shapes
+    if placed is not None:
+        plan.estimates["compress_placement"] = placed
     return plan
 
 
@@ -536,6 +540,24 @@ def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: 
     fmt = stage.impl.produces(stage.options)
     where = loaded.where(*stage.step, "format" if stage.kind == "export" else "method")
     return compat.judge(rules, fmt, f"{stage.backend} output ({fmt.label}) {to}", where, gpu)
+
+
+def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelInfo | None, final: ModelInfo | None,
+                       problems: list[Problem]) -> dict | None:
+    """How the compress stage holds the model on the compute machine (``llmopt.placement``); its refusal
+    when nothing fits, and the MoE calibration warning, join ``problems``."""
+    from llmopt import placement
+
+    steps = [(s.backend, bool(getattr(s.impl, "calibrates", False))) for s in stages if s.kind == "compress"]
+    if source is None or not steps:
+        return None
+    try:
+        out = estimates.model_size(loaded, final or source)
+    except Exception:  # a layout a backend cannot describe: the disk need is then the download alone
+        out = None
+    entry, found = placement.plan_placement(loaded, source, steps, out)
+    problems += found
+    return entry
 
 
 def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:

@@ -206,9 +206,10 @@ LAYERS = [
      "llmopt.modelinfo", "llmopt.output"],
     ["llmopt.recipe", "llmopt.registry", "llmopt.cache", "llmopt.data", "llmopt.calibration", "llmopt.memory",
      "llmopt.gate", "llmopt.verify"],
-    # the size model asks each backend for its layout, as the planner does
+    # the size model asks each backend for its layout, as the planner does; the compress placement uses the
+    # size model, and the compress backends follow it
     ["llmopt.runtimes", "llmopt.evalkit", "llmopt.deploy", "llmopt.validate_engine", "llmopt.backends",
-     "llmopt.estimates"],
+     "llmopt.estimates", "llmopt.placement"],
     # the bench stage of a run starts an artifact's server and measures it (llmopt bench is the same code);
     # it finds the model folder as llmopt serve does; the tune stage starts it once per trial
     ["llmopt.stages", "llmopt.plan", "llmopt.bench", "llmopt.tune", "llmopt.server.model"],

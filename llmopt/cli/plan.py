@@ -60,6 +60,9 @@ def _show(console, the_plan) -> None:
                       f"{est['parameters'] / 1e6:.0f}M parameters)")
     if "calibration_memory_bytes" in est:
         console.print(f"calibration memory: ~{human_size(est['calibration_memory_bytes'])}")
+    placed = est.get("compress_placement")
+    if placed:
+        _show_placement(console, placed)
     kv = est.get("kv_cache")
     if kv and not kv.get("fits"):
         console.print(f"KV cache on {the_plan.gpu.name}: does not fit ({kv['reason']})")
@@ -69,3 +72,14 @@ def _show(console, the_plan) -> None:
         console.print(f"KV cache on {the_plan.gpu.name}{across}: {kv['kv_tokens']:,} tokens "
                       f"({kv['full_length_sequences']} sequences at full length)")
     console.print(f"artifact: {the_plan.output_dir}")
+
+
+def _show_placement(console, placed: dict) -> None:
+    """One line per placement the plan weighed, the chosen one marked (``llmopt.placement``)."""
+    machine = f"{placed['count']} x {placed['gpu']}"
+    console.print(f"compress placement on {machine}: {placed['chosen'] or 'none fits'}")
+    for name, fp in placed["placements"].items():
+        mark = "*" if name == placed["chosen"] else " "
+        why = f" - does not fit: {'; '.join(fp['short'])}" if fp["short"] else ""
+        console.print(f"  {mark} {name}: peak GPU ~{human_size(fp['gpu_bytes'])} per GPU, host "
+                      f"~{human_size(fp['host_bytes'])}, {fp['time_class']}{why}")

@@ -131,18 +131,21 @@ def _shape_pass(data: dict, loaded: LoadedRecipe) -> tuple[list[Problem], set[st
 
 
 def _catalogue_pass(data: dict, loaded: LoadedRecipe, bad_keys: set[str]) -> list[Problem]:
-    """Names that must be in a catalogue: the target GPU (checked only where it parsed as a name)."""
+    """Names that must be in a catalogue: the target GPU and the compute GPU (checked only where they parsed
+    as names)."""
     from llmopt.catalog.gpus import get_gpu
 
-    target = data.get("target")
-    name = target.get("gpu") if isinstance(target, dict) else None
-    if not isinstance(name, str) or "target.gpu" in bad_keys:
-        return []
-    try:
-        get_gpu(name)
-        return []
-    except UsageError as exc:  # names the catalogue, with "did you mean"
-        return [Problem(exc.what, loaded.where("target", "gpu"), exc.fix)]
+    problems = []
+    for section in ("target", "compute"):
+        table = data.get(section)
+        name = table.get("gpu") if isinstance(table, dict) else None
+        if not isinstance(name, str) or f"{section}.gpu" in bad_keys:
+            continue
+        try:
+            get_gpu(name)
+        except UsageError as exc:  # names the catalogue, with "did you mean"
+            problems.append(Problem(exc.what, loaded.where(section, "gpu"), exc.fix))
+    return problems
 
 
 def _backend_pass(data: dict, loaded: LoadedRecipe, bad_names: set[str]) -> list[Problem]:

@@ -93,6 +93,26 @@ class TargetSection(Section):
                        "(pipeline_parallel_size = nodes by default); the launch files start one process per node.")
 
 
+class ComputeSection(Section):
+    """The machine the compress stage runs on (the serving hardware is [target])."""
+
+    gpu: str | None = Field(
+        None, description="GPU of the machine that compresses, from the catalogue (`llmopt ls gpus`). "
+        "None: target.gpu; neither: the CPU.")
+    count: int = Field(1, ge=1, le=64, description="GPUs of that machine the compress stage may use.")
+    host_ram_gib: float | None = Field(
+        None, gt=0, description="Host memory of that machine in GiB. None: not judged at plan time (the stage "
+        "judges what its machine has available).")
+    disk_gib: float | None = Field(
+        None, gt=0, description="Free disk for the stage cache in GiB (the download of a hub model and the "
+        "stage's output). None: not judged.")
+    placement: Literal["auto", "gpu", "onload", "multi_gpu"] = Field(
+        "auto", description="How the compress stage holds the model: gpu (whole on one GPU), onload (weights in "
+        "host memory, one decoder layer at a time on the GPU: the library's sequential onloading), multi_gpu "
+        "(the weights spread over the machine's GPUs by a device map), auto (the first of these that fits, as "
+        "`llmopt plan` shows). A placement that does not fit is refused at plan time.")
+
+
 class Workload(Section):
     input_len: int = Field(1024, ge=1, description="Typical prompt length in tokens.")
     output_len: int = Field(256, ge=1, description="Typical generated length in tokens.")
@@ -258,6 +278,8 @@ class Recipe(Section):
     )
     export: ExportSection = Field(default_factory=ExportSection, description="Format of the artifact's model.")
     target: TargetSection = Field(default_factory=TargetSection, description="Hardware the artifact is served on.")
+    compute: ComputeSection = Field(default_factory=ComputeSection,
+                                    description="The machine the compress stage runs on, and how it holds the model.")
     serve: ServeSection | None = Field(None, description="Serving engine and traffic the deploy configs are for.")
     eval: list[EvalItem] = Field(
         default_factory=list, description="Evaluations; each scores baseline and candidate on the same examples."

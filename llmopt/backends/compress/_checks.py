@@ -5,7 +5,8 @@
   layer it quantizes, else the suggestion names a size that does, or the layers
   to leave out;
 * calibration memory: the estimate of ``llmopt.estimates.calibration_bytes``
-  against this machine's available RAM and, when a target GPU is named, its memory;
+  against this machine's available RAM, when no GPU is named (with one, ``llmopt.placement``
+  plans where the model is held);
 * GPU capability: FP8 / NVFP4 compute needs a recent GPU (said here only when the
   recipe has no [serve] section; the serve backends own the engine x GPU table);
 * calibration data: the spec in [calibration] must name readable data, and a warning when
@@ -103,27 +104,24 @@ def _ignore_list(ignore: list[str], bad: dict[str, int]) -> str:
 
 
 def calibration_memory(ctx) -> list[Problem]:
-    """Warn when the calibration estimate exceeds this machine's RAM or the target GPU's memory."""
+    """Warn when the calibration estimate exceeds this machine's RAM, for a compress stage on the CPU. With a
+    GPU on the compute machine ([compute] gpu, else [target] gpu) the plan's placement judges the GPU and
+    host memory instead (``llmopt.placement``)."""
     info = ctx.model
-    if info is None:
-        return []
     recipe = ctx.recipe.recipe
+    if info is None or recipe.compute.gpu or recipe.target.gpu:
+        return []
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
     cal = recipe.calibration
     need = estimates.calibration_bytes(info, dtype, cal.samples, cal.max_seq_len)
-    problems = []
     ram = available_ram()
-    if ram is not None and need > ram:
-        problems.append(ctx.problem(
-            f"calibration needs about {need / 2**30:.1f} GiB; this machine has {ram / 2**30:.1f} GiB available",
-            "method", severity="warning",
-            hint="run on a larger machine, or lower calibration.samples / calibration.max_seq_len"))
-    if ctx.gpu is not None and need > ctx.gpu.memory_bytes:
-        problems.append(ctx.problem(
-            f"calibration needs about {need / 2**30:.1f} GiB, more than one {ctx.gpu.name} "
-            f"({ctx.gpu.memory_gib:.0f} GiB) holds", "method", severity="warning",
-            hint="use pipeline = \"sequential\" (weights stay in host memory, one layer at a time on the GPU)"))
-    return problems
+    if ram is None or need <= ram:
+        return []
+    return [ctx.problem(
+        f"calibration needs about {need / 2**30:.1f} GiB; this machine has {ram / 2**30:.1f} GiB available",
+        "method", severity="warning",
+        hint="run on a larger machine (or name its GPU in [compute] for a planned placement), or lower "
+        "calibration.samples / calibration.max_seq_len")]
 
 
 def gpu_compute(ctx, need_cc: tuple[int, int], what: str) -> list[Problem]:

@@ -90,23 +90,37 @@ def load_tokenizer(ctx):
                                                       trust_remote_code=ctx.recipe.recipe.model.trust_remote_code)
 
 
-def load_model(ctx, device: str, keep_on_cpu: bool = False):
-    """A fresh copy of the upstream model in the recipe's dtype, on the GPU when it fits there."""
-    torch = require("torch", "torch", ctx.name)
+def load_model(ctx, device: str, placement: str = "gpu"):
+    """A fresh copy of the upstream model in the recipe's dtype, held as the plan placed it
+    (``llmopt.placement``): gpu moves it whole to the GPU, onload leaves it in host memory for the library
+    to onload layer by layer, multi_gpu spreads it over the GPUs with a device map."""
     transformers = require("transformers", "torch", ctx.name)
-    dtype = ctx.recipe.recipe.model.dtype
+    kwargs = {"device_map": "auto"} if placement == "multi_gpu" else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        ctx.model_dir, dtype=dtype, trust_remote_code=ctx.recipe.recipe.model.trust_remote_code)
-    if device.startswith("cuda") and not keep_on_cpu:
-        free, _ = torch.cuda.mem_get_info()
-        size = sum(p.numel() * p.element_size() for p in model.parameters())
-        if size * 1.5 < free:
-            model.to(device)
-        else:
-            ctx.log.info("model (%.1f GiB) stays in host memory; layers are moved to the GPU one at a time",
-                         size / 2**30)
+        ctx.model_dir, dtype=ctx.recipe.recipe.model.dtype, trust_remote_code=ctx.recipe.recipe.model.trust_remote_code,
+        **kwargs)
+    if device.startswith("cuda") and placement == "gpu":
+        model.to(device)
     model.eval()
     return model
+
+
+def stage_placement(ctx, calibrates: bool, pipeline: str) -> str:
+    """gpu | onload | multi_gpu | cpu: the plan's placement on this machine; ``pipeline = "sequential"``
+    keeps the weights in host memory as before (onload) unless [compute] placement names another."""
+    from llmopt import placement
+
+    if pipeline == "sequential" and ctx.recipe.recipe.compute.placement == "auto":
+        return "onload" if ctx.device.startswith("cuda") else "cpu"
+    chosen = placement.for_stage(ctx, ctx.name.split(".")[-1], calibrates)
+    if chosen is None:
+        return "cpu"
+    if not chosen.fits:
+        raise StageFailed(f"{ctx.name}: no placement of the model fits this machine ({'; '.join(chosen.short)})",
+                          where="compute.placement", fix="run `llmopt plan` with [compute] describing this machine")
+    ctx.log.info("placement %s: predicted peak %.1f GiB per GPU, %.1f GiB host", chosen.placement,
+                 chosen.gpu_bytes / 2**30, chosen.host_bytes / 2**30)
+    return chosen.placement
 
 
 def resolve_pipeline(pipeline: str, calibrates: bool) -> str | None:
@@ -127,7 +141,8 @@ def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: 
         kwargs["pipeline"] = pipeline
     if rows is not None:
         kwargs.update(dataset=calibration.as_dataset(rows), num_calibration_samples=len(rows.rows),
-                      max_seq_length=rows.seq_len, shuffle_calibration_samples=False)
+                      max_seq_length=rows.seq_len, shuffle_calibration_samples=False,
+                      moe_calibrate_all_experts=True)  # every expert sees every calibration token (its default)
     torch.manual_seed(seed)
     started = time.monotonic()
     with wrap():
@@ -144,8 +159,9 @@ def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: 
     with library_logs(ctx.log), cpu_threads(ctx.device):
         tokenizer = load_tokenizer(ctx)
         rows = calibration.load(ctx, tokenizer) if calibrates else None
-        ctx.progress("loading the model")
-        model = load_model(ctx, ctx.device, keep_on_cpu=pipeline == "sequential")
+        placed = stage_placement(ctx, calibrates, pipeline)
+        ctx.progress(f"loading the model ({placed})")
+        model = load_model(ctx, ctx.device, placed)
         out = ctx.out_dir / "model"
         ctx.progress("calibrating and compressing" if calibrates else "compressing")
         chosen = resolve_pipeline(pipeline, calibrates)
@@ -154,7 +170,7 @@ def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: 
     del model
     copy_tokenizer_files(ctx.model_dir, out)
     outputs = {"format": "hf", "model_dir": "model", "quantization": summary(out), "device": ctx.device,
-               "pipeline": chosen or "datafree", "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out)}
+               "pipeline": chosen or "datafree", "placement": placed, "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out)}
     if rows is not None:
         outputs["calibration"] = rows.summary()
     return outputs

@@ -89,7 +89,12 @@ def build_config(mtq, name: str, adjust: Callable[[dict], None] | None, kv_cache
 
 
 def load(ctx):
-    """Tokenizer and the upstream model in bfloat16 on the stage's device."""
+    """Tokenizer and the upstream model in bfloat16, held as the plan placed it (``llmopt.placement``):
+    whole on the GPU; onload: accelerate's device map with the weights in host memory and each module
+    onloaded for its forward pass (ModelOpt's hf_ptq way for models larger than the GPU); multi_gpu: a
+    device map over the GPUs."""
+    from llmopt import placement
+
     torch = require("torch", "torch", ctx.name)
     transformers = require("transformers", "torch", ctx.name)
     if ctx.model_format != "hf":
@@ -97,9 +102,17 @@ def load(ctx):
                           where=ctx.name, fix="put the compression steps before the export step")
     trust = ctx.recipe.recipe.model.trust_remote_code
     tokenizer = transformers.AutoTokenizer.from_pretrained(ctx.model_dir, trust_remote_code=trust)
+    chosen = placement.for_stage(ctx, ctx.name.split(".")[-1], True)
+    where = chosen.placement if chosen is not None else "cpu"
+    kwargs = {}
+    if where == "onload":  # one layer's room on the GPU, the rest in host memory
+        kwargs = {"device_map": "auto", "max_memory": {0: chosen.gpu_bytes, "cpu": chosen.host_bytes}}
+    elif where == "multi_gpu":
+        kwargs = {"device_map": "auto"}
     model = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.bfloat16,
-                                                              trust_remote_code=trust)
-    return tokenizer, model.to(ctx.device).eval()
+                                                              trust_remote_code=trust, **kwargs)
+    ctx.log.info("placement %s", where)
+    return tokenizer, (model.to(ctx.device) if where in ("gpu", "cpu") else model).eval()
 
 
 def forward_loop(batches: list, progress) -> Callable:
