@@ -244,7 +244,7 @@ def test_kill_9_then_resume_without_repeating_finished_trials(tmp_path, tiny_mod
     proc.kill()  # SIGKILL to llmopt only; the trial's engine runs in its own process group
     proc.communicate(timeout=30)
     done = {p.stem for p in finished_trials(isolated_cache)}
-    left = [int(p.stem) for p in engine.pid_dir(isolated_cache).glob("*.json")]
+    left = [json.loads(p.read_text())["pid"] for p in engine.pid_dir(isolated_cache).glob("*.json")]
     assert left and any(alive(pid) for pid in left)  # an engine left behind
 
     res = run_cli("run", str(recipe), "-o", str(tmp_path / "art"), "--format", "json")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmopt.catalog.engines import ENGINE_DEFAULTS
 from llmopt.errors import StageFailed
 
 MAX_FRACTION = 0.95
@@ -44,14 +45,17 @@ class Param:
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
 
 
+VLLM, TRTLLM = ENGINE_DEFAULTS["vllm"], ENGINE_DEFAULTS["trtllm"]  # the pinned engines' own defaults
 SPACES: dict[str, tuple[Param, ...]] = {
     "vllm": (Param("max-num-seqs", "yaml", "config.yaml", "max-num-seqs", "size"),
              Param("max-num-batched-tokens", "yaml", "config.yaml", "max-num-batched-tokens", "size"),
-             Param("gpu-memory-utilization", "yaml", "config.yaml", "gpu-memory-utilization", "fraction", 0.92)),
-    "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "size", 2048),
-               Param("max_num_tokens", "yaml", "config.yaml", "max_num_tokens", "size", 8192),
+             Param("gpu-memory-utilization", "yaml", "config.yaml", "gpu-memory-utilization", "fraction",
+                   VLLM["gpu_memory_utilization"])),
+    "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "size", TRTLLM["max_num_seqs"]),
+               Param("max_num_tokens", "yaml", "config.yaml", "max_num_tokens", "size",
+                     TRTLLM["max_num_batched_tokens"]),
                Param("free_gpu_memory_fraction", "yaml", "config.yaml", "kv_cache_config.free_gpu_memory_fraction",
-                     "fraction", 0.9)),
+                     "fraction", TRTLLM["free_gpu_memory_fraction"])),
     "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "size"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
                Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
