@@ -124,6 +124,23 @@ def test_apply_keeps_comments_and_appends_flags(tmp_path):
     assert (sg / "launch.sh").read_text().rstrip().endswith('--max-running-requests 128 "$@"')
 
 
+def test_a_tuned_flag_reaches_the_container_manifests_too(tmp_path):
+    """SGLang's tuned values are command-line flags: launch.sh, docker-compose.yaml and kubernetes.yaml must all
+    start the engine with them, or a deployment from the manifests runs the untuned config."""
+    import yaml
+    from test_deploy_configs import render
+
+    _, folder = render(tmp_path, "sglang")
+    spaces.apply(folder, "sglang", {"max-running-requests": 77, "mem-fraction-static": 0.81})
+    compose = next(iter(yaml.safe_load((folder / "docker-compose.yaml").read_text())["services"].values()))
+    deployment = next(yaml.safe_load_all((folder / "kubernetes.yaml").read_text()))
+    k8s_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    for argv in (compose["command"], k8s_args):
+        assert argv[argv.index("--max-running-requests") + 1] == "77"
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.81"
+    assert spaces.read(folder, spaces.SPACES["sglang"][0]) == 77
+
+
 def test_search_finds_a_separable_optimum_within_budget(tmp_path):
     """Coordinate descent on a made-up objective: the best of every parameter, in fewer trials than the grid."""
     grid = {"a": [1, 2, 4], "b": [10, 20, 40], "c": [0.9, 0.95]}

@@ -156,6 +156,25 @@ def apply(folder: Path, engine: str, values: dict[str, Any], note: str = "") -> 
     launch = folder / "launch.sh"
     if args or note:
         launch.write_text(with_args(launch.read_text(), args, note))
+    for manifest in ("docker-compose.yaml", "kubernetes.yaml"):  # the same command, as the containers run it
+        path = folder / manifest
+        if path.is_file() and args:
+            text = path.read_text()
+            for flag, value in zip(args[::2], args[1::2]):
+                text = set_flag(text, flag, value)
+            path.write_text(text)
+
+
+def set_flag(text: str, flag: str, value: str) -> str:
+    """A manifest's command with ``flag``'s value replaced: as two list items (``- --flag`` then ``- 'value'``,
+    as llmopt writes compose commands and Kubernetes args) or inside a shell command line (``--flag value``)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() == f"- {flag}" and lines[i + 1].lstrip().startswith("- "):
+            indent = lines[i + 1][: len(lines[i + 1]) - len(lines[i + 1].lstrip())]
+            lines[i + 1] = f"{indent}- '{value}'"
+    out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+    return re.sub(rf"(?<=\s){re.escape(flag)}(=|[ \t]+)'?[^\s'\"]+'?", lambda m: f"{flag}{m.group(1)}{value}", out)
 
 
 def exec_line(script: str) -> str:
