@@ -311,7 +311,6 @@ class _Builder:
         self.add(Stage("bench", "bench", deploy.backend, ("bench",), bench_options(self.loaded.recipe),
                        {"model": model_stage.name, "deploy": deploy.name}))
 
-
     def tune(self, deploy: Stage | None, model_stage: Stage) -> None:
         """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``),
         after the bench stage; keyed on whether the engine can start here, since without it the prediction stays."""
