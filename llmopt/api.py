@@ -126,7 +126,7 @@ name = "{name}"
 source = "{source}"      # hub id, local folder, .gguf file, or builtin:smollm2-135m
 
 [calibration]
-data = "builtin:prose"
+data = "builtin:mix"     # six kinds of text, so the prose eval below is held out (`llmopt ls data`)
 samples = 16
 max_seq_len = 256
 
