@@ -199,6 +199,11 @@ class _Builder:
             stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
                           {"model": model_stage.name})
             impl = stage.impl
+            if getattr(impl, "teacher", False):  # distillation: the source model teaches the student
+                stage.inputs["teacher"] = source.name
+            data = getattr(options, "data", None)
+            if isinstance(data, str):  # a step's own training text, hashed like calibration data
+                stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
             self.problems += impl.check(options, self.ctx(("compress", index)))
             if getattr(impl, "calibrates", False):
                 stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
