@@ -170,3 +170,12 @@ def test_teacher_and_student_must_share_a_vocabulary_and_hidden_states_a_width(f
 def test_hidden_states_are_matched_at_the_same_relative_depth():
     assert _distill.layer_map(2, 4) == [2, 4]
     assert _distill.layer_map(24, 30)[-1] == 30 and _distill.layer_map(24, 30)[0] == 1
+
+
+def test_an_eval_on_distill_s_own_training_text_is_not_held_out(four_layers, tmp_path):
+    evals = '[[eval]]\nname = "prose"\nkind = "perplexity"\ndata = "builtin:prose-eval"\nmax_increase_pct = 50\n'
+    clean = api.plan(write_recipe(tmp_path, recipe(four_layers, "", evals)))
+    assert not [p for p in clean.problems if "held out" in p.message]
+    own = api.plan(write_recipe(tmp_path, recipe(four_layers, 'data = "builtin:prose-eval"', evals)))
+    problems = [p for p in _errors(own) if "not held out" in p.message]
+    assert len(problems) == 1 and "eval[0].data" in problems[0].where
