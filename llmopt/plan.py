@@ -171,6 +171,7 @@ class _Builder:
     def __init__(self, loaded: LoadedRecipe, problems: list[Problem], info: ModelInfo | None, gpu: GPU | None,
                  cache: Cache, facts: bool = True):
         self.loaded, self.problems, self.info, self.gpu, self.cache = loaded, problems, info, gpu, cache
+        self.source_info = info  # self.info follows the compress steps (pruning); this stays the source's
         self.facts = facts  # False: nothing of the model is read, so the source check is skipped
         self.stages: list[Stage] = []
         self.upstream: list[str] = []  # the compress methods so far
@@ -178,7 +179,7 @@ class _Builder:
 
     def ctx(self, step: tuple, **kw) -> PlanContext:
         return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
-                           **kw)
+                           source=self.source_info, **kw)
 
     def add(self, stage: Stage) -> Stage:
         self.stages.append(stage)

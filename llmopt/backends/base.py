@@ -32,6 +32,7 @@ class PlanContext:
     model: Any = None  # ModelInfo of the model entering this stage, or None when unknown
     gpu: Any = None  # catalogue GPU, or None for CPU
     upstream: list[str] = field(default_factory=list)  # stage kinds/methods before this one
+    source: Any = None  # ModelInfo of the recipe's source model (a distill step's teacher), or None when unknown
 
     def where(self, *keys: Any) -> str:
         step = tuple(k for k in self.step if k is not None)

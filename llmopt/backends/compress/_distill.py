@@ -47,22 +47,11 @@ def data_problems(options, ctx) -> list[Problem]:
     return [ctx.problem(problem, "data")] if problem else []
 
 
-def teacher_facts(ctx):
-    """Config facts of the teacher (the recipe's source model), or None when unknown."""
-    from llmopt.plan import model_facts
-
-    if ctx.model is None:
-        return None
-    return model_facts(ctx.recipe, [])
-
-
 def teacher_problems(options, ctx, teacher) -> list[Problem]:
     """Teacher and student share a tokenizer: in llmopt's pipeline the student is the source model after
-    pruning, so its tokenizer is the source's; the vocabularies must still agree. A GGUF source cannot teach."""
-    problems = []
-    if str(ctx.recipe.recipe.model.source).lower().endswith(".gguf"):
-        problems.append(ctx.problem("distill needs a Hugging Face source model as its teacher; the source is a GGUF "
-                                    "file", "method", hint="use the Hugging Face checkpoint as [model] source"))
+    pruning, so its tokenizer is the source's; the vocabularies must still agree. (A GGUF source teaches as
+    the Hugging Face folder its source stage converts it into.)"""
+    problems: list[Problem] = []
     if teacher is None or ctx.model is None:
         return problems
     if teacher.vocab_size != ctx.model.vocab_size:

@@ -83,7 +83,7 @@ class Distill:
         problems = _checks.architecture(ctx, _checks.DECODER_TYPES, "distill")
         problems += _checks.not_quantized(ctx) + _distill.order_problems(ctx)
         problems += _distill.data_problems(options, ctx)
-        teacher = _distill.teacher_facts(ctx)
+        teacher = ctx.source  # the source model's config facts
         problems += _distill.teacher_problems(options, ctx, teacher)
         return problems + _distill.memory_problems(options, ctx, teacher)
 
