@@ -9,6 +9,7 @@ Needs: torch, transformers, accelerate (imported inside the functions that train
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +204,7 @@ def train(options, ctx) -> Trained:
     bf16 = options.bf16 if options.bf16 is not None else gpu
     tokenizer, student, teacher = load_models(ctx, bf16)
     rows = training_rows(options, ctx, tokenizer)
-    folder = (ctx.work_dir or ctx.out_dir / "work") / CHECKPOINTS
+    folder = (ctx.work_dir or ctx.out_dir.with_name(ctx.out_dir.name + ".work")) / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
     resume = last_checkpoint(folder)
     resumed_from = int(resume.name[11:]) if resume else 0
@@ -217,6 +218,8 @@ def train(options, ctx) -> Trained:
     history = [{"step": h["step"], "loss": h["loss"], "learning_rate": h.get("learning_rate")}
                for h in trainer.state.log_history if "loss" in h]
     plot, note = write_curve(ctx.out_dir / "training", history, ctx.name)
+    if ctx.work_dir is None:  # a stage run outside the runner: nothing keeps its checkpoints
+        shutil.rmtree(folder.parent, ignore_errors=True)
     model = trainer.model.eval()
     return Trained(model, tokenizer, rows, history, resumed_from, seconds, plot, note)
 
