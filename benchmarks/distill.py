@@ -59,13 +59,13 @@ seq_len = {seq_len}
 learning_rate = {lr}
 warmup_steps = {warmup}
 temperature = 1.0
-checkpoint_every = 25
+checkpoint_every = {every}
 """
 
 
-def evals(windows: int, mc: bool) -> str:
-    out = "".join(f'\n[[eval]]\nname = "{name}"\nkind = "perplexity"\ndata = "builtin:{data}"\nwindow = 256\n'
-                  f"max_windows = {windows}\nmax_increase_pct = 1000\n" for name, data in DOMAINS.items())
+def evals(windows: int, mc: bool, domains: list[str]) -> str:
+    out = "".join(f'\n[[eval]]\nname = "{name}"\nkind = "perplexity"\ndata = "builtin:{DOMAINS[name]}"\nwindow = 256\n'
+                  f"max_windows = {windows}\nmax_increase_pct = 1000\n" for name in domains)
     if mc:
         out += '\n[[eval]]\nname = "mc"\nkind = "multiple_choice"\ndata = "builtin:mc"\nmetric = "acc"\nmax_drop = 1.0\n'
     return out
@@ -86,16 +86,18 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--windows", type=int, default=16, help="perplexity windows of 256 tokens per domain")
+    parser.add_argument("--domains", default=",".join(DOMAINS), help="perplexity sets, of " + ", ".join(DOMAINS))
+    parser.add_argument("--checkpoint-every", type=int, default=25, help="distill's checkpoint_every (in its cache key)")
     parser.add_argument("--mc", action="store_true", help="also the 200 multiple-choice questions")
     parser.add_argument("--cache", default=None, help="stage cache (default: a temporary folder)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="llmopt-distill-"))
     cache = args.cache or str(work / "cache")
     before = uptime()
-    tail = evals(args.windows, args.mc)
+    tail = evals(args.windows, args.mc, args.domains.split(","))
     (work / "pruned.toml").write_text(HEAD.format(name="pruned") + tail)
     distill = DISTILL.format(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                             warmup=max(1, args.steps // 20))
+                             warmup=max(1, args.steps // 20), every=args.checkpoint_every)
     (work / "distilled.toml").write_text(HEAD.format(name="distilled") + distill + tail)
     pruned = api.run(work / "pruned.toml", cache_dir=cache, output_dir=work / "art-pruned")
     distilled = api.run(work / "distilled.toml", cache_dir=cache, output_dir=work / "art-distilled")
