@@ -463,7 +463,7 @@ def held_out_problems(loaded: LoadedRecipe, stages: list[Stage]) -> list[Problem
                 if s.kind == "compress" and isinstance(getattr(s.options, "data", None), str)
                 and not datasets.check_spec(s.options.data, loaded.path.parent)]
     for index, item in enumerate(recipe.eval):
-        for spec, text_field in trained:
+        for spec, text_field in dict.fromkeys(trained):  # each text once
             problems += _held_out(loaded, index, item, spec, text_field)
     return problems
 
