@@ -6,6 +6,11 @@ entry when its ``manifest.json`` is written, last. A run killed mid-stage leaves
 temporary folder, which the next run removes, or a folder without a manifest, which
 the next run replaces. An entry whose files changed since (see ``Cache.state``) is
 replaced too.
+
+A stage that keeps state across runs (a training stage's checkpoints) writes it under
+``<root>/work/<key>/`` (``Cache.work_dir``): no pid in the name, so a run killed with
+``kill -9`` leaves it for the next run of the same key to resume from, and the stale
+cleaning of ``tmp/`` never touches it. ``commit`` removes it once the stage is an entry.
 """
 
 from __future__ import annotations
@@ -138,10 +143,15 @@ class Cache:
         tmp.mkdir(parents=True)
         return tmp
 
+    def work_dir(self, key: str) -> Path:
+        """The working folder of a stage key that outlives its run (checkpoints to resume from); not
+        created here. Kept until the stage commits."""
+        return self.root / "work" / key
+
     def commit(self, key: str, tmp: Path, manifest: dict | None) -> Path:
         """Move a finished stage folder into place; with ``manifest``, seal it too. Without one, the
         folder is there for the stages downstream but is not an entry until ``seal`` (a stage whose
-        provenance is still being hashed)."""
+        provenance is still being hashed). The key's working folder goes: the output no longer needs it."""
         final = self.path(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # a forced re-run or an unsealed or changed entry is replaced
@@ -151,6 +161,7 @@ class Cache:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
+        shutil.rmtree(self.work_dir(key), ignore_errors=True)
         if manifest is not None:
             self.seal(key, manifest)
         return final

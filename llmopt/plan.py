@@ -181,6 +181,7 @@ class _Builder:
     def __init__(self, loaded: LoadedRecipe, problems: list[Problem], info: ModelInfo | None, gpu: GPU | None,
                  cache: Cache, facts: bool = True):
         self.loaded, self.problems, self.info, self.gpu, self.cache = loaded, problems, info, gpu, cache
+        self.source_info = info  # self.info follows the compress steps (pruning); this stays the source's
         self.facts = facts  # False: nothing of the model is read, so the source check is skipped
         self.stages: list[Stage] = []
         self.upstream: list[str] = []  # the compress methods so far
@@ -188,7 +189,7 @@ class _Builder:
 
     def ctx(self, step: tuple, **kw) -> PlanContext:
         return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
-                           **kw)
+                           source=self.source_info, **kw)
 
     def add(self, stage: Stage) -> Stage:
         self.stages.append(stage)
@@ -209,6 +210,11 @@ class _Builder:
             stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
                           {"model": model_stage.name})
             impl = stage.impl
+            if getattr(impl, "teacher", False):  # distillation: the source model teaches the student
+                stage.inputs["teacher"] = source.name
+            data = getattr(options, "data", None)
+            if isinstance(data, str):  # a step's own training text, hashed like calibration data
+                stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
             self.problems += impl.check(options, self.ctx(("compress", index)))
             if getattr(impl, "calibrates", False):
                 stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
@@ -471,34 +477,42 @@ def unchecked_without_facts(loaded: LoadedRecipe, source: bool = False) -> list[
 
 
 def held_out_problems(loaded: LoadedRecipe, stages: list[Stage]) -> list[Problem]:
-    """Each eval's data against the calibration data, when a step calibrates on it: an error when the eval
-    set overlaps the calibration text (its scores would not be held out), a warning when both come from one
-    source. Hub data is not read at plan time."""
-    from llmopt.data import overlap
-
+    """Each eval's data against the calibration data, when a step calibrates on it, and against a step's own
+    training text (distill's ``data``): an error when the eval set overlaps that text (its scores would not be
+    held out), a warning when both come from one source. Hub data is not read at plan time."""
     recipe = loaded.recipe
     if not any(getattr(s.impl, "calibrates", False) for s in stages if s.kind == "compress"):
         return []
     problems = []
+    trained = [(recipe.calibration.data, recipe.calibration.text_field)]  # and a step's own training text
+    trained += [(s.options.data, s.options.text_field) for s in stages
+                if s.kind == "compress" and isinstance(getattr(s.options, "data", None), str)
+                and not datasets.check_spec(s.options.data, loaded.path.parent)]
     for index, item in enumerate(recipe.eval):
-        options = loaded.options_for("eval", index)
-        spec = getattr(options, "data", None)
-        if not isinstance(spec, str) or datasets.check_spec(spec, loaded.path.parent):
-            continue  # no data of its own (lm_eval tasks), or a problem its own check reports
-        found = overlap.check(spec, recipe.calibration.data, loaded.path.parent,
-                              eval_field=getattr(options, "text_field", None), calibration_field=recipe.calibration.text_field)
-        if found is None or found.verdict == "clean":
-            continue
-        if found.contaminated:
-            problems.append(Problem(f"eval {item.name!r} is not held out: {found.summary()}",
-                                    loaded.where("eval", index, "data"),
-                                    "score on data the calibration never saw (`llmopt ls data` lists the built-in sets "
-                                    "and their domains), or calibrate on other data"))
-        else:
-            problems.append(Problem(f"eval {item.name!r} comes from the calibration data's source ({found.same_source}):"
-                                    " its scores are in-domain for the compression and may flatter it",
-                                    loaded.where("eval", index, "data"), "add an eval on another domain", severity="warning"))
+        for spec, text_field in dict.fromkeys(trained):  # each text once
+            problems += _held_out(loaded, index, item, spec, text_field)
     return problems
+
+
+def _held_out(loaded: LoadedRecipe, index: int, item, training: str, training_field: str) -> list[Problem]:
+    """The problem of eval ``index`` against one training text (calibration or a step's own data), if any."""
+    from llmopt.data import overlap
+
+    options = loaded.options_for("eval", index)
+    spec = getattr(options, "data", None)
+    if not isinstance(spec, str) or datasets.check_spec(spec, loaded.path.parent):
+        return []  # no data of its own (lm_eval tasks), or a problem its own check reports
+    found = overlap.check(spec, training, loaded.path.parent, eval_field=getattr(options, "text_field", None),
+                          calibration_field=training_field)
+    if found is None or found.verdict == "clean":
+        return []
+    if found.contaminated:
+        return [Problem(f"eval {item.name!r} is not held out: {found.summary()}", loaded.where("eval", index, "data"),
+                        "score on data the calibration never saw (`llmopt ls data` lists the built-in sets "
+                        "and their domains), or calibrate on other data")]
+    return [Problem(f"eval {item.name!r} comes from the calibration data's source ({found.same_source}):"
+                    " its scores are in-domain for the compression and may flatter it",
+                    loaded.where("eval", index, "data"), "add an eval on another domain", severity="warning")]
 
 
 def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None, gpu: GPU | None) -> list[Problem]:

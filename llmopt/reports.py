@@ -67,8 +67,42 @@ def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
     evals = {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"}
     bench = copy_bench(folder, plan, manifests)
     tune = copy_tune(folder, plan, manifests)
+    training = copy_training(folder, plan, manifests)
     return write_reports(folder, plan.recipe.recipe.name, plan.recipe.digest, evals, with_score_files(folder, gates),
-                         bench, tune)
+                         bench, tune, training)
+
+
+TRAINING_DIR = "training"  # training stages' loss histories and curves, under reports/
+
+
+def copy_training(folder: Path, plan, manifests: dict) -> dict:
+    """Each training stage's (distill) loss history and curve copied to ``folder/training`` as
+    ``<stage>.loss.json`` / ``<stage>.loss.png``; returns its figures by stage name for the reports."""
+    out = {}
+    for stage in plan.stages:
+        training = (manifests.get(stage.name, {}).get("outputs") or {}).get("training")
+        if stage.kind != "compress" or not training:
+            continue
+        (folder / TRAINING_DIR).mkdir(exist_ok=True)
+        files = {}
+        for what in ("history", "plot"):
+            source = plan.cache.path(stage.key) / training[what] if training.get(what) else None
+            if source is not None and source.is_file():
+                files[what] = f"{TRAINING_DIR}/{stage.name}.{source.name}"
+                shutil.copy2(source, folder / files[what])
+        out[stage.name] = {k: v for k, v in training.items() if k not in ("history", "plot")} | files
+    return out
+
+
+def training_markdown(training: dict) -> str:
+    """The training stages' section of report.md: loss at the first and last step, and the curve."""
+    lines = ["", "## Training", ""]
+    for name, t in training.items():
+        lines.append(f"- **{name}**: loss {fmt(t.get('loss_first'))} -> {fmt(t.get('loss_last'))} over {t.get('steps')} "
+                     f"steps ({t.get('seconds')} s" + (f", resumed from step {t['resumed_from']}" if t.get("resumed_from")
+                                                       else "") + ")")
+        lines.append(f"  ![loss of {name}]({t['plot']})" if t.get("plot") else f"  {t.get('plot_note', 'no loss curve')}")
+    return "\n".join(lines) + "\n"
 
 
 BENCH_DIR = "bench"  # the bench stage's files, under reports/
@@ -125,9 +159,9 @@ def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
 
 
 def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],
-                  bench: dict | None = None, tune: dict | None = None) -> dict:
+                  bench: dict | None = None, tune: dict | None = None, training: dict | None = None) -> dict:
     """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY.
-    ``bench``: the bench stage's figures, a section of both reports."""
+    ``bench``: the bench stage's figures, ``training``: the training stages' losses, sections of both reports."""
     folder.mkdir(parents=True, exist_ok=True)
     report = {
         "schema_version": REPORT_SCHEMA,
@@ -141,8 +175,11 @@ def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gate
         report["bench"] = bench
     if tune is not None:
         report["tune"] = tune
+    if training:
+        report["training"] = training
     write_json(folder / "report.json", report)
     summary = markdown(name, gates, evals) + (bench_markdown(bench) if bench else "") + (tune_markdown(tune) if tune else "")
+    summary += training_markdown(training) if training else ""
     (folder / "report.md").write_text(summary)
     (folder / "junit.xml").write_text(junit(name, gates))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -252,7 +252,7 @@ def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out
             name=stage.name, out_dir=tmp, inputs=inputs,
             input_manifests={role: manifests[name] for role, name in stage.inputs.items()},
             recipe=plan.recipe, log=log, progress=_progress(update, log), device=device, model=plan.model,
-            gpu=plan.gpu, cache_root=cache.root,
+            gpu=plan.gpu, cache_root=cache.root, work_dir=cache.work_dir(stage.key),
         )
         try:
             with _quiet_libraries(log):

@@ -32,6 +32,7 @@ class PlanContext:
     model: Any = None  # ModelInfo of the model entering this stage, or None when unknown
     gpu: Any = None  # catalogue GPU, or None for CPU
     upstream: list[str] = field(default_factory=list)  # stage kinds/methods before this one
+    source: Any = None  # ModelInfo of the recipe's source model (a distill step's teacher), or None when unknown
 
     def where(self, *keys: Any) -> str:
         step = tuple(k for k in self.step if k is not None)
@@ -56,6 +57,7 @@ class StageContext:
     model: Any = None  # ModelInfo of the model as the recipe's steps leave it (config facts), or None
     gpu: Any = None  # the target GPU from the catalogue, or None for the CPU
     cache_root: Path | None = None  # the stage cache (the bench stage records its server's pid there)
+    work_dir: Path | None = None  # kept across runs of this key until the stage commits (checkpoints); not created
     deferred: list[Callable[[Path], dict]] = field(default_factory=list)
 
     def defer(self, work: Callable[[Path], dict]) -> None:
@@ -68,9 +70,14 @@ class StageContext:
     @property
     def model_dir(self) -> Path:
         """The model folder of the upstream stage (absolute for sources read in place)."""
-        where = Path(self.input_manifests["model"]["outputs"].get("model_dir", "model"))
-        return where if where.is_absolute() else self.inputs["model"] / where
+        return self.input_model_dir("model")
 
     @property
     def model_format(self) -> str:
         return self.input_manifests.get("model", {}).get("outputs", {}).get("format", "hf")
+
+    def input_model_dir(self, role: str) -> Path:
+        """The model folder of the input ``role`` ("model", or "teacher": the source stage, for a backend
+        that declares ``teacher = True``)."""
+        where = Path(self.input_manifests[role]["outputs"].get("model_dir", "model"))
+        return where if where.is_absolute() else self.inputs[role] / where
