@@ -72,7 +72,7 @@ def rejudge(report_path: str | Path, settings: list[str] = (), output: str | Pat
                 if (report_path.parent / name).resolve() != (folder / name).resolve():
                     shutil.copy2(report_path.parent / name, folder / name)
         reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates,
-                              report.get("bench"))
+                              report.get("bench"), report.get("tune"), report.get("training"))
     return new
 
 

@@ -100,13 +100,19 @@ def test_damaged_candidate_fails_with_exit_3(capsys, recipe, tiny_model, tmp_pat
     assert "FAIL" in (tmp_path / "r" / "report.md").read_text()
     assert "## llmopt accuracy gates: gated" in summary.read_text()
 
-    # judged again: a loose enough threshold passes, without re-scoring anything
+    # judged again: a loose enough threshold passes, without re-scoring anything; a run's other sections stay
+    original = json.loads((tmp_path / "r" / "report.json").read_text())
+    sections = {"tune": {"tuned": False, "engine": "ort", "files": {}, "reason": "not installed"},
+                "training": {"compress.1.distill": {"steps": 2, "loss_first": 1.0, "loss_last": 0.5}}}
+    (tmp_path / "r" / "report.json").write_text(json.dumps(original | sections))
     code, out, _ = call(capsys, "gate", str(tmp_path / "r" / "report.json"), "-s", "prose.max_increase_pct=1000",
                         "-s", "mc.max_drop=none", "-o", str(tmp_path / "again"), "-f", "json")
     assert code == 0
     doc = json.loads(out)
     assert [g["verdict"] for g in doc["gates"]] == ["pass", "no-gate"]
     check_reports(tmp_path / "again", {"prose": "pass", "mc": "no-gate"})
+    again = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert {k: again.get(k) for k in sections} == sections
     code, _, err = call(capsys, "gate", str(tmp_path / "r" / "report.json"))
     assert code == 3 and "accuracy gate failed: prose" in err
 
