@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,19 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "llmopt", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def wait_for(predicate, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds, or at once when ``proc`` (the
+    process the test waits on) has exited, with the end of its stderr."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process exited with {proc.returncode}: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s")
 
 
 def load_json(text: str):

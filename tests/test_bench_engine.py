@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import load_json, run_cli, wait_for
 from test_bench_fakeserver import alive
 
 from llmopt.bench import engine
@@ -61,14 +61,6 @@ def fake_vllm(tmp_path, monkeypatch) -> Path:
     """A ``vllm`` on PATH that serves the test server and starts a child; returns the child's pid file."""
     return put_fake_vllm(tmp_path, monkeypatch)
 
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_launch_sh_started_and_stopped(tmp_path, fake_vllm, isolated_cache):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import load_json, run_cli, write_recipe
-from test_bench_engine import put_fake_vllm, wait_for
+from conftest import load_json, run_cli, wait_for, write_recipe
+from test_bench_engine import put_fake_vllm
 
 from llmopt import api
 from llmopt.bench import engine

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from llmopt.cache import Cache
 from llmopt.modelinfo import from_folder
 from llmopt.recipe.load import load_recipe
 
-from conftest import make_tiny_llama, write_recipe
+from conftest import make_tiny_llama, wait_for, write_recipe
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +104,6 @@ def test_distillation_lowers_the_loss_and_reports_its_curve(four_layers, tmp_pat
     assert {r.name: r.status for r in again.records}["compress.1.distill"] == "cached"
 
 
-def _wait_for(predicate, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
 
 def test_kill_9_mid_training_resumes_from_the_last_checkpoint(four_layers, tmp_path, isolated_cache):
     path = write_recipe(tmp_path, recipe(four_layers, "steps = 120\ncheckpoint_every = 10"))
@@ -121,7 +112,8 @@ def test_kill_9_mid_training_resumes_from_the_last_checkpoint(four_layers, tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(path), "-o", str(tmp_path / "art"),
                              "-f", "quiet"], env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: _distill.last_checkpoint(checkpoints) is not None if checkpoints.is_dir() else False)
+        wait_for(lambda: _distill.last_checkpoint(checkpoints) is not None if checkpoints.is_dir() else False,
+                 timeout=300)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -11,7 +11,7 @@ import time
 
 from llmopt import api
 
-from conftest import tiny_recipe, write_recipe
+from conftest import tiny_recipe, wait_for, write_recipe
 
 
 def test_run_writes_artifact_and_second_run_is_cached(tiny_model, tmp_path, isolated_cache):
@@ -49,14 +49,6 @@ def test_force_reruns_stage_and_downstream(tiny_model, tmp_path):
     assert [r.status for r in only_eval.records][:2] == ["cached", "ran"]
 
 
-def _wait_for(predicate, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
 
 def test_kill_mid_stage_then_resume(tiny_model, tmp_path, isolated_cache):
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, windows=400))  # a slow eval stage to kill
@@ -67,7 +59,8 @@ def test_kill_mid_stage_then_resume(tiny_model, tmp_path, isolated_cache):
     proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(recipe), "-o", str(out), "-f", "quiet"],
                             env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     tmp_root = isolated_cache / "tmp"
-    _wait_for(lambda: any(p.name.startswith(eval_key) for p in tmp_root.glob("*")) if tmp_root.exists() else False)
+    wait_for(lambda: any(p.name.startswith(eval_key) for p in tmp_root.glob("*")) if tmp_root.exists() else False,
+             timeout=300)
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -27,7 +27,7 @@ from llmopt.server.chat import NoChatTemplate, read_template, render_chat, rende
 from llmopt.server.model import load_model, locate
 from llmopt.server.text import TextStream
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 CHATML = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
           "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -432,12 +432,6 @@ def test_request_errors_answer_openai_error_json(url):
 
 # ---- queue limit and disconnects (a slowed runtime, max-queue 1) -------------------------
 
-
-def wait_for(condition, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_full_queue_answers_429_and_waiting_requests_are_served(slow_url):

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +19,7 @@ from llmopt.recipe.schema import SweepSection
 from llmopt.sweep import report as reporting
 from llmopt.sweep.variants import parse_axis, toml_literal, variant_ids
 
-from conftest import make_tiny_llama, tiny_recipe, write_recipe
+from conftest import make_tiny_llama, tiny_recipe, wait_for, write_recipe
 
 PRUNE = """
 [calibration]
@@ -292,16 +291,6 @@ def test_when_every_variant_fails_the_sweep_exits_with_their_code_after_its_repo
     assert "nothing to score" in report["variants"][0]["reason"]
 
 
-def _wait_for(predicate, proc, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
 def test_a_sweep_killed_mid_way_resumes_without_repeating_finished_variants(tiny_model, tmp_path, isolated_cache):
     recipe = sweep_recipe(tmp_path, tiny_model, '"eval[0].max_windows" = [4, 100]\n', extra="")
     folder = tmp_path / "sw"
@@ -311,7 +300,8 @@ def test_a_sweep_killed_mid_way_resumes_without_repeating_finished_variants(tiny
     proc = subprocess.Popen([sys.executable, "-m", "llmopt", "sweep", str(recipe), "-o", str(folder), "-f", "quiet"],
                             env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     tmp_root = isolated_cache / "tmp"
-    _wait_for(lambda: tmp_root.is_dir() and any(p.name.startswith(slow_eval) for p in tmp_root.iterdir()), proc)
+    wait_for(lambda: tmp_root.is_dir() and any(p.name.startswith(slow_eval) for p in tmp_root.iterdir()),
+             timeout=300, proc=proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert (folder / "variants" / first.id / "manifest.json").is_file()  # the first variant finished

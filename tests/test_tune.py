@@ -14,11 +14,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import load_json, run_cli, write_recipe
+from conftest import load_json, run_cli, wait_for, write_recipe
 from test_bench_fakeserver import alive
 
 from llmopt import api
@@ -243,21 +242,14 @@ def finished_trials(cache: Path) -> list[Path]:
     return sorted(cache.glob("tune/*/trials/*.json"))
 
 
-def wait_for(predicate, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
-
 
 def test_kill_9_then_resume_without_repeating_finished_trials(tmp_path, tiny_model, monkeypatch, isolated_cache):
     children = put_sim(tmp_path, monkeypatch, itl_ms=40)
     recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
                          space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92] }")
     proc = start_run(recipe, tmp_path / "art")
-    wait_for(lambda: len(finished_trials(isolated_cache)) >= 2 and list(engine.pid_dir(isolated_cache).glob("*.json")))
+    wait_for(lambda: len(finished_trials(isolated_cache)) >= 2 and list(engine.pid_dir(isolated_cache).glob("*.json")),
+             timeout=120)
     proc.kill()  # SIGKILL to llmopt only; the trial's engine runs in its own process group
     proc.communicate(timeout=30)
     done = {p.stem for p in finished_trials(isolated_cache)}
@@ -278,7 +270,8 @@ def test_ctrl_c_stops_the_engine(tmp_path, tiny_model, monkeypatch, isolated_cac
     """Ctrl-C during a trial (SIGTERM takes the same path: llmopt.bench.engine.terminate_as_interrupt)."""
     children = put_sim(tmp_path, monkeypatch, itl_ms=40)
     proc = start_run(tune_recipe(tmp_path, tiny_model), tmp_path / "art")
-    wait_for(lambda: len(finished_trials(isolated_cache)) >= 1 and list(engine.pid_dir(isolated_cache).glob("*.json")))
+    wait_for(lambda: len(finished_trials(isolated_cache)) >= 1 and list(engine.pid_dir(isolated_cache).glob("*.json")),
+             timeout=120)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

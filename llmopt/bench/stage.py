@@ -29,15 +29,20 @@ LAUNCHED_BY_SCRIPT = ("vllm", "sglang", "trtllm")  # started through launch.sh: 
 FIGURES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
-class BenchStageOptions(BaseModel):
-    """What the bench stage measures: from [serve] (engine, workload, SLO) and [bench]."""
+class ServedLoad(BaseModel):
+    """What a stage that measures the live engine sends it, and judges: from [serve] and [bench]."""
 
     model_config = ConfigDict(extra="forbid")
     engine: str = Field(description="The engine the deploy stage's launch config starts ([serve] backend).")
     workload: Workload = Field(description="[serve].workload: prompt and output tokens, and the concurrency sent.")
     slo: SLO = Field(description="[serve].slo: the bounds goodput counts requests within.")
-    requests: int = Field(ge=1, description="[bench] requests: measured requests.")
+    requests: int = Field(ge=1, description="Measured requests ([bench] requests; [tune] requests for a trial).")
     warmup: int = Field(ge=0, description="[bench] warmup: requests sent first and left out.")
+
+
+class BenchStageOptions(ServedLoad):
+    """What the bench stage measures: from [serve] (engine, workload, SLO) and [bench]."""
+
     repeats: int = Field(ge=1, description="[bench] repeats: runs of the point; figures are the medians.")
 
 

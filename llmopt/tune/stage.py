@@ -21,22 +21,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from llmopt.backends.base import StageContext
+from llmopt.bench.stage import ServedLoad
 from llmopt.errors import Problem
-from llmopt.recipe.schema import SLO, Workload
 
 
-class TuneStageOptions(BaseModel):
+class TuneStageOptions(ServedLoad):
     """What the tune stage searches and how it measures: from [serve], [bench] and [tune]."""
 
-    model_config = ConfigDict(extra="forbid")
-    engine: str = Field(description="The engine the deploy stage's launch config starts ([serve] backend).")
-    workload: Workload = Field(description="[serve].workload: what every trial sends.")
-    slo: SLO = Field(description="[serve].slo: goodput counts the requests within it.")
-    requests: int = Field(ge=1, description="[tune] requests, else [bench] requests: measured requests per trial.")
-    warmup: int = Field(ge=0, description="[bench] warmup: requests sent first and left out.")
     max_trials: int = Field(ge=1, description="[tune] max_trials.")
     max_minutes: float | None = Field(None, description="[tune] max_minutes.")
     repeats: int = Field(ge=0, description="[tune] repeats: confirmation rounds of default and winner.")
