@@ -282,6 +282,10 @@ def read_gguf_header(path: str | Path, types: bool = False) -> tuple[dict, list[
                 pos += 12
                 if inner in _SCALAR:
                     return count, pos + count * struct.calcsize(_SCALAR[inner])
+                if inner == 8:  # strings (the vocabulary): skipped by their lengths, not decoded
+                    for _ in range(count):
+                        pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+                    return count, pos
                 for _ in range(count):
                     _, pos = value(inner, pos)
                 return count, pos
