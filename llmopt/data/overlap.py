@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from llmopt import data as datasets
@@ -151,9 +151,17 @@ def check(eval_spec: str, calibration_spec: str, base: Path | None = None, *, ev
     eval_path, cal_path = datasets.resolve(eval_spec, base), datasets.resolve(calibration_spec, base)
     if eval_path is None or cal_path is None:
         return None
-    ev = _read(str(eval_path), eval_path.stat().st_mtime, str(eval_path), eval_field)
-    cal = _read(str(cal_path), cal_path.stat().st_mtime, str(cal_path), calibration_field)
-    hashes, cal_documents, cal_passages = _index(str(cal_path), cal_path.stat().st_mtime, str(cal_path),
+    found = _compare(eval_spec, calibration_spec, eval_path, eval_path.stat().st_mtime, cal_path,
+                     cal_path.stat().st_mtime, eval_field, calibration_field, n, threshold)
+    return replace(found, examples=list(found.examples))  # a copy: the caller may change it, the cached one stays
+
+
+@functools.lru_cache(maxsize=32)  # a plan compares every eval with the calibration: the same pairs each time
+def _compare(eval_spec: str, calibration_spec: str, eval_path: Path, eval_mtime: float, cal_path: Path,
+             cal_mtime: float, eval_field: str | None, calibration_field: str | None, n: int, threshold: float) -> Overlap:
+    ev = _read(str(eval_path), eval_mtime, str(eval_path), eval_field)
+    cal = _read(str(cal_path), cal_mtime, str(cal_path), calibration_field)
+    hashes, cal_documents, cal_passages = _index(str(cal_path), cal_mtime, str(cal_path),
                                                  calibration_field, n)
     result = Overlap(eval_spec, calibration_spec, n, threshold, len(ev.documents), 0, 0, 0.0, 0, 0, 0, 0.0,
                      same_source=same_source(eval_spec, calibration_spec, eval_path, cal_path, ev.sources, cal.sources))
