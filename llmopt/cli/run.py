@@ -36,7 +36,7 @@ def run(
 
         llmopt run recipes/quickstart.toml --force deploy --format json
 
-        llmopt run recipes/quickstart.toml -s 'eval[0].max_windows=8' -o out/
+        llmopt run recipes/quickstart.toml -s serve.max_model_len=1024 -o out/
     """
     from llmopt import api
     from llmopt.errors import GateFailed
