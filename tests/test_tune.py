@@ -294,7 +294,12 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
         "intra_op_num_threads": [None, 1], "max-queue": [16, 1]}
-    assert all(t["verdict"] == "meets SLO" for t in tuning["trials"]), tuning["trials"]
+    # measured, not simulated: the default meets the loose SLO; a queue of 1 at concurrency 2 may refuse a
+    # request (429) when the next one arrives before the waiting one starts, which makes that trial "errors"
+    assert tuning["trials"][0]["phase"] == "default" and tuning["trials"][0]["verdict"] == "meets SLO"
+    assert all(t["verdict"] in ("meets SLO", "errors") and t["figures"] for t in tuning["trials"]), tuning["trials"]
+    assert tuning["winner"] == next(t["values"] for t in tuning["trials"] if t["verdict"] == "meets SLO"
+                                    and t["values"] == tuning["winner"])
     trial = next(t for t in tuning["trials"] if t["values"]["intra_op_num_threads"] == 1)
     assert trial["figures"]["requests"]["ok"] == 4
     config = json.loads((art / "deploy" / "ort" / "genai_config.json").read_text())
