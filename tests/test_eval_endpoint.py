@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import struct
 import threading
 import time
 import urllib.request
@@ -315,3 +316,76 @@ max_drop = 0.5
         code, _, err = cli(capsys, "eval", str(write_recipe(tmp_path, chat, "chat.toml")), "--candidate", server.url)
     assert code == 2 and f"endpoint {server.url} cannot answer chat on /v1/chat/completions" in err
     assert "HTTP 404" in err
+
+
+# ---- a connection the server drops (the README's endpoint eval once failed with "Connection reset by peer") ----
+
+
+class ResettingServer:
+    """A raw HTTP/1.1 server on a loopback port: /v1/models names one model; /v1/completions echoes a
+    log-probability of -1 for every prompt token, except that the first ``resets`` requests for it are
+    answered with a TCP reset (SO_LINGER 0), as a server closing an idle keep-alive connection at the
+    moment the client reuses it looks to the client."""
+
+    def __init__(self, resets: int):
+        self.resets, self.completions = resets, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.thread = threading.Thread(target=self.accept, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket):
+        stream = conn.makefile("rb")
+        with conn:
+            while True:
+                head = stream.readline()
+                if not head:
+                    return
+                headers = {}
+                while (line := stream.readline()) not in (b"\r\n", b""):
+                    key, _, value = line.decode().partition(":")
+                    headers[key.strip().lower()] = value.strip()
+                body = stream.read(int(headers.get("content-length", 0)))
+                if b"/completions" in head:
+                    self.completions += 1
+                    if self.completions <= self.resets:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        return  # closing now sends RST
+                    count = len(json.loads(body)["prompt"])
+                    answer = {"choices": [{"text": "", "logprobs": {"token_logprobs": [None] + [-1.0] * (count - 1)}}]}
+                else:
+                    answer = {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
+                data = json.dumps(answer).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+
+
+def test_a_reset_connection_is_retried_once_and_the_score_is_the_same(tiny_model):
+    with ResettingServer(resets=1) as server:
+        remote = EndpointRuntime(tiny_model, url=server.url)
+        assert remote.nll([[1, 2, 3, 4, 5]], [4]) == [4.0]
+        assert server.completions == 2  # the reset request, then the same request again
+
+
+def test_a_server_that_keeps_resetting_fails_clearly(tiny_model):
+    with ResettingServer(resets=100) as server:
+        remote = EndpointRuntime(tiny_model, url=server.url)
+        with pytest.raises(StageFailed, match="did not answer"):
+            remote.nll([[1, 2, 3, 4, 5]], [4])
+        assert server.completions == 2  # one retry, not a loop

@@ -36,6 +36,7 @@ LOGPROB_FIX = ("serve the model with an engine whose completions API echoes prom
                "(vLLM, SGLang, llmopt serve), or score in-process with runtime = \"transformers\"")
 
 
+KEEPALIVE_S = 2.0  # see EndpointRuntime.__init__
 PROBE_PROMPT = "The river ran past the old mill, and the miller watched it go."
 NEED_WORDS = {
     "answers": "answer",
@@ -72,7 +73,10 @@ class EndpointRuntime:
         httpx = require("httpx", "serve", "the endpoint runtime")
         transformers = require("transformers", "core", "the endpoint runtime's tokenizer")
         self.url = base_url(url)
-        self.client = httpx.Client(timeout=timeout, headers=auth_headers())
+        # Idle connections are dropped after 2 s, before the 5 s after which uvicorn (vLLM's, SGLang's and
+        # llmopt serve's server) closes them: a request is then not sent on a connection being closed.
+        self.client = httpx.Client(timeout=timeout, headers=auth_headers(),
+                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
         self.concurrency = concurrency
         if model_dir is None:
             raise StageFailed("the endpoint runtime needs a tokenizer folder", fix="pass the model folder the endpoint serves")
@@ -81,12 +85,21 @@ class EndpointRuntime:
         self._echo_tokens = 0  # max_tokens used with echo; becomes 1 when the server refuses 0
 
     def _post(self, path: str, body: dict, allow_error: bool = False):
+        """POST ``body``; a dropped connection (a reset, a close before the answer) is tried once more,
+        since every request here is greedy or scores a prompt, so sending it again changes nothing."""
         import httpx
 
-        try:
-            response = self.client.post(self.url + path, json=body)
-        except httpx.HTTPError as exc:
-            raise StageFailed(f"endpoint {self.url}{path} did not answer: {exc}", fix="check that the server is up and the URL is right") from None
+        for attempt in (1, 2):
+            try:
+                response = self.client.post(self.url + path, json=body)
+                break
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                if attempt == 2:
+                    raise StageFailed(f"endpoint {self.url}{path} did not answer: {exc} (tried twice)",
+                                      fix="check that the server is up and the URL is right") from None
+            except httpx.HTTPError as exc:
+                raise StageFailed(f"endpoint {self.url}{path} did not answer: {exc}",
+                                  fix="check that the server is up and the URL is right") from None
         if response.status_code >= 400 and not allow_error:
             raise StageFailed(f"endpoint {self.url}{path} answered {response.status_code}: {response.text[:300]}",
                               fix="check the server's log; the request is an OpenAI-compatible one")
