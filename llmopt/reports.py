@@ -158,6 +158,17 @@ def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
     return out
 
 
+def named_files(report: dict) -> list[str]:
+    """Every file a report.json names, relative to its folder: the gates' per-example scores, the bench and
+    tune stages' files and plots, the training stages' loss histories and curves."""
+    names = [name for g in report.get("gates", []) for name in g.get("scores", {}).values()]
+    for section in ("bench", "tune"):
+        for value in (report.get(section) or {}).get("files", {}).values():
+            names += value if isinstance(value, list) else [value]
+    names += [t[k] for t in (report.get("training") or {}).values() for k in ("history", "plot") if t.get(k)]
+    return names
+
+
 def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],
                   bench: dict | None = None, tune: dict | None = None, training: dict | None = None) -> dict:
     """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY.
