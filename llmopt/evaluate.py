@@ -11,7 +11,8 @@ scored again, nor is an artifact's model whose stage the cache holds; stages tha
 through an endpoint always run, since what a server answers can change behind one URL.
 
 ``rejudge`` reads a report.json and judges its gates again, from the per-example
-score files it names, with other thresholds.
+score files it names, with other thresholds; written into another folder, the new report
+takes every file the old one names along (scores, plots, bench / tune / training files).
 """
 
 from __future__ import annotations
@@ -66,14 +67,23 @@ def rejudge(report_path: str | Path, settings: list[str] = (), output: str | Pat
     new = dict(report, gates=gates, passed=all(g["verdict"] != "fail" for g in gates))
     if output is not None:
         folder = Path(output)
-        folder.mkdir(parents=True, exist_ok=True)
-        for g in gates:
-            for name in g["scores"].values():
-                if (report_path.parent / name).resolve() != (folder / name).resolve():
-                    shutil.copy2(report_path.parent / name, folder / name)
+        copy_named_files(new, report_path.parent, folder)
         reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates,
                               report.get("bench"), report.get("tune"), report.get("training"))
     return new
+
+
+def copy_named_files(report: dict, source: Path, folder: Path) -> None:
+    """The files ``report`` names (score files, plots, bench / tune / training files) copied from ``source`` to
+    ``folder``, so that the links of a report re-judged into another folder resolve. A name that leaves the
+    report's folder is not followed; one the original folder lacks stays missing, as it was there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in reports.named_files(report):
+        src, dst = source / name, folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not src.is_file() or src.resolve() == dst.resolve():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
 
 
 def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:

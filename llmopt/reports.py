@@ -72,6 +72,19 @@ def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
                          bench, tune, training)
 
 
+def copy_stage_files(folder: Path, plan, stage, names, subdir: str, prefix: str = "") -> dict[str, str]:
+    """The files ``names`` (relative to the stage's cache folder; None skipped) that exist, copied to
+    ``folder/subdir`` as ``prefix`` + their file name; returns {name: the copy's path relative to ``folder``}."""
+    (folder / subdir).mkdir(exist_ok=True)
+    copied = {}
+    for name in names:
+        source = plan.cache.path(stage.key) / name if name else None
+        if source is not None and source.is_file():
+            copied[name] = f"{subdir}/{prefix}{source.name}"
+            shutil.copy2(source, folder / copied[name])
+    return copied
+
+
 TRAINING_DIR = "training"  # training stages' loss histories and curves, under reports/
 
 
@@ -83,14 +96,10 @@ def copy_training(folder: Path, plan, manifests: dict) -> dict:
         training = (manifests.get(stage.name, {}).get("outputs") or {}).get("training")
         if stage.kind != "compress" or not training:
             continue
-        (folder / TRAINING_DIR).mkdir(exist_ok=True)
-        files = {}
-        for what in ("history", "plot"):
-            source = plan.cache.path(stage.key) / training[what] if training.get(what) else None
-            if source is not None and source.is_file():
-                files[what] = f"{TRAINING_DIR}/{stage.name}.{source.name}"
-                shutil.copy2(source, folder / files[what])
-        out[stage.name] = {k: v for k, v in training.items() if k not in ("history", "plot")} | files
+        named = {what: training.get(what) for what in ("history", "plot")}
+        copied = copy_stage_files(folder, plan, stage, named.values(), TRAINING_DIR, prefix=f"{stage.name}.")
+        out[stage.name] = {k: v for k, v in training.items() if k not in named} | {
+            what: copied[name] for what, name in named.items() if name in copied}
     return out
 
 
@@ -122,11 +131,8 @@ def copy_bench(folder: Path, plan, manifests: dict) -> dict | None:
         return None
     outputs = manifests[stage.name]["outputs"]
     files = outputs.get("files", {})
-    (folder / BENCH_DIR).mkdir(exist_ok=True)
-    for name in [v for v in files.values() if isinstance(v, str)] + list(files.get("plots", [])):
-        source = plan.cache.path(stage.key) / name
-        if source.is_file():
-            shutil.copy2(source, folder / BENCH_DIR / name)
+    copy_stage_files(folder, plan, stage, [v for v in files.values() if isinstance(v, str)] + files.get("plots", []),
+                     BENCH_DIR)
     return {k: v for k, v in outputs.items() if k != "files"} | {"stage": stage.key, "files": bench_files(files)}
 
 
@@ -140,10 +146,7 @@ def copy_tune(folder: Path, plan, manifests: dict) -> dict | None:
         return None
     outputs = manifests[stage.name]["outputs"]
     files = outputs.get("files", {})
-    (folder / TUNE_DIR).mkdir(exist_ok=True)
-    for name in (files.get("json"), files.get("plot")):
-        if name and (plan.cache.path(stage.key) / name).is_file():
-            shutil.copy2(plan.cache.path(stage.key) / name, folder / TUNE_DIR / name)
+    copy_stage_files(folder, plan, stage, [files.get("json"), files.get("plot")], TUNE_DIR)
     return {k: v for k, v in outputs.items() if k != "files"} | {
         "stage": stage.key, "files": {k: f"{TUNE_DIR}/{v}" for k, v in files.items() if k != "deploy"}}
 
@@ -156,6 +159,17 @@ def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
         files = {role: f"eval.{g['name']}.{role}.scores.jsonl" for role in ("baseline", "candidate")}
         out.append(dict(g, scores=files) if all((folder / f).is_file() for f in files.values()) else dict(g))
     return out
+
+
+def named_files(report: dict) -> list[str]:
+    """Every file a report.json names, relative to its folder: the gates' per-example scores, the bench and
+    tune stages' files and plots, the training stages' loss histories and curves."""
+    names = [name for g in report.get("gates", []) for name in g.get("scores", {}).values()]
+    for section in ("bench", "tune"):
+        for value in (report.get(section) or {}).get("files", {}).values():
+            names += value if isinstance(value, list) else [value]
+    names += [t[k] for t in (report.get("training") or {}).values() for k in ("history", "plot") if t.get(k)]
+    return names
 
 
 def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],

@@ -96,6 +96,21 @@ max_increase_pct = 5
 {extra}"""
 
 
+def serving_tables(bench: str, tune: str = "", backend: str = "vllm", ttft_ms: float = 60000, serve: bool = True) -> str:
+    """The serving part of the bench and tune tests' recipes: [target] (an H100) and [serve] (``backend``, a
+    256-token context, 16 tokens in and 4 out at concurrency 2, TTFT p99 <= ``ttft_ms``), left out when ``serve``
+    is false, then [bench] and (when given) [tune] with the keys given as TOML lines."""
+    served = (f'\n[target]\ngpu = "H100-SXM-80GB"\n\n[serve]\nbackend = "{backend}"\nmax_model_len = 256\n'
+              f"workload = {{ input_len = 16, output_len = 4, concurrency = 2 }}\nslo = {{ ttft_p99_ms = {ttft_ms} }}\n")
+    return (served if serve else "") + f"\n[bench]\n{bench}" + (f"\n[tune]\n{tune}" if tune else "")
+
+
+def served_recipe(folder: Path, model: Path, **tables) -> Path:
+    """recipe.toml in ``folder``: the tiny ``model`` with ``serving_tables(**tables)``."""
+    header = f'schema_version = 1\nname = "tiny"\n\n[model]\nsource = "{model}"\n'
+    return write_recipe(folder, header + serving_tables(**tables))
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "llmopt", *args], cwd=cwd, env=full_env, capture_output=True,

@@ -16,28 +16,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import load_json, run_cli, wait_for, write_recipe
+from conftest import load_json, run_cli, served_recipe, wait_for, write_recipe
 from test_bench_engine import put_fake_vllm
 
 from llmopt import api
 from llmopt.bench import engine
 
-BENCH = """
-[target]
-gpu = "H100-SXM-80GB"
-
-[serve]
-backend = "vllm"
-max_model_len = 256
-workload = {{ input_len = 16, output_len = 4, concurrency = 2 }}
-slo = {{ ttft_p99_ms = 60000 }}
-
-[bench]
-enabled = true
-requests = {requests}
-warmup = 1
-repeats = 1
-"""
+BENCH = "enabled = true\nrequests = {requests}\nwarmup = 1\nrepeats = 1\n"  # the [bench] keys of these tests
 
 
 @pytest.fixture
@@ -53,10 +38,7 @@ def no_server_left(isolated_cache):
 
 
 def bench_recipe(folder: Path, model: Path, requests: int = 4, serve: bool = True) -> Path:
-    body = f'schema_version = 1\nname = "tiny"\n\n[model]\nsource = "{model}"\n' + BENCH.format(requests=requests)
-    if not serve:
-        body = body[:body.index("[target]")] + body[body.index("[bench]"):]
-    return write_recipe(folder, body)
+    return served_recipe(folder, model, bench=BENCH.format(requests=requests), serve=serve)
 
 
 def test_a_missing_bench_client_is_exit_4_before_any_stage_runs(tmp_path, tiny_model, fake_vllm, monkeypatch,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -115,6 +116,56 @@ def test_damaged_candidate_fails_with_exit_3(capsys, recipe, tiny_model, tmp_pat
     assert {k: again.get(k) for k in sections} == sections
     code, _, err = call(capsys, "gate", str(tmp_path / "r" / "report.json"))
     assert code == 3 and "accuracy gate failed: prose" in err
+
+
+def report_with_files(folder: Path) -> Path:
+    """A report folder as `llmopt run` leaves it, written without a model: one gate judged from hand-written
+    per-example scores, and bench, tune and training sections whose files (plots among them) lie beside it."""
+    from llmopt import gate, reports
+    from llmopt.recipe.schema import EvalItem
+
+    folder.mkdir(parents=True)
+    scores = {"baseline": [1, 1, 0, 1, 1, 0], "candidate": [1, 0, 0, 1, 1, 1]}
+    for role, values in scores.items():
+        rows = [json.dumps({"id": f"x{i}", "score": v}) for i, v in enumerate(values)]
+        (folder / f"eval.mc.{role}.scores.jsonl").write_text("\n".join(rows) + "\n")
+    read = {role: gate.read_scores(folder / f"eval.mc.{role}.scores.jsonl") for role in scores}
+    judged = gate.judge(EvalItem(name="mc", kind="multiple_choice", max_drop=0.5),
+                        gate.compare("acc", read["baseline"], read["candidate"], 0.95), True)
+    evals = {f"eval.mc.{role}": {"metric": "acc", "value": sum(v) / len(v), "higher_is_better": True, "n": len(v),
+                                 "scores": "scores.jsonl"} for role, v in scores.items()}
+    bench = {"engine": "vllm", "workload": {"input_len": 16, "output_len": 4, "concurrency": 2},
+             "slo": {"ttft_p99_ms": 60000}, "options": {"requests": 4, "warmup": 1, "repeats": 1}, "points": [],
+             "files": {"json": "bench/bench.json", "markdown": "bench/bench.md", "requests": "bench/requests.jsonl",
+                       "log": "bench/engine.log", "plots": ["bench/latency.png", "bench/throughput.png"]}}
+    tune = {"tuned": False, "engine": "vllm", "reason": "no trial met the SLO",
+            "files": {"json": "tune/tuning.json", "plot": "tune/tuning.png"}}
+    training = {"compress.1.distill": {"steps": 2, "loss_first": 1.0, "loss_last": 0.5, "seconds": 1.0,
+                                       "history": "training/compress.1.distill.loss.json",
+                                       "plot": "training/compress.1.distill.loss.png"}}
+    named = [*[v for v in bench["files"].values() if isinstance(v, str)], *bench["files"]["plots"],
+             *tune["files"].values(), *[t[k] for t in training.values() for k in ("history", "plot")]]
+    for name in named:
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text(f"contents of {name}")
+    reports.write_reports(folder, "tiny", "0" * 64, evals, reports.with_score_files(folder, [judged]), bench, tune,
+                          training)
+    return folder / "report.json"
+
+
+def test_gate_into_another_folder_copies_every_file_the_report_names(capsys, tmp_path):
+    report = report_with_files(tmp_path / "r")
+    code, _, err = call(capsys, "gate", str(report), "-s", "mc.max_drop=0.9", "-o", str(tmp_path / "again"), "-f", "json")
+    assert code == 0, err
+    again = check_reports(tmp_path / "again", {"mc": "pass"})
+    named = [*again["bench"]["files"].values(), *again["tune"]["files"].values(),
+             *[t[k] for t in again["training"].values() for k in ("history", "plot")]]
+    named = [n for v in named for n in (v if isinstance(v, list) else [v])]
+    assert len(named) == 10
+    for name in named:
+        assert (tmp_path / "again" / name).read_text() == f"contents of {name}", name
+    links = re.findall(r"\]\(([^)]+)\)", (tmp_path / "again" / "report.md").read_text())
+    assert links and all((tmp_path / "again" / link).is_file() for link in links)
 
 
 def test_gate_rejects_unknown_settings(capsys, recipe, tiny_model, tmp_path):

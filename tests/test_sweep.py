@@ -19,7 +19,7 @@ from llmopt.recipe.schema import SweepSection
 from llmopt.sweep import report as reporting
 from llmopt.sweep.variants import parse_axis, toml_literal, variant_ids
 
-from conftest import make_tiny_llama, tiny_recipe, wait_for, write_recipe
+from conftest import make_tiny_llama, serving_tables, tiny_recipe, wait_for, write_recipe
 
 PRUNE = """
 [calibration]
@@ -219,7 +219,7 @@ def test_a_benchmarked_sweep_reports_speed_and_picks_the_fastest(four_layers, tm
     from llmopt.bench import engine
 
     put_fake_vllm(tmp_path, monkeypatch)
-    bench = BENCH.format(requests=4).replace("{{", "{").replace("}}", "}")
+    bench = serving_tables(BENCH.format(requests=4))
     recipe = sweep_recipe(tmp_path, four_layers, '"compress[0].layers" = [1, 2]\n', extra=PRUNE + bench)
     try:
         result = api.sweep(recipe, overrides=["sweep.objective=fastest"], output_dir=tmp_path / "sw")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_json, run_cli, wait_for, write_recipe
+from conftest import load_json, run_cli, served_recipe, wait_for, write_recipe
 from test_bench_fakeserver import alive
 
 from llmopt import api
@@ -27,37 +27,10 @@ from llmopt.tune.search import MIN_GAIN, Budget, Search, TrialStore
 
 SIM = Path(__file__).with_name("sim_engine.py")
 
-RECIPE = """schema_version = 1
-name = "tiny"
-
-[model]
-source = "{model}"
-
-[target]
-gpu = "H100-SXM-80GB"
-
-[serve]
-backend = "{backend}"
-max_model_len = 256
-workload = {{ input_len = 16, output_len = 4, concurrency = 2 }}
-slo = {{ ttft_p99_ms = {ttft} }}
-
-[bench]
-requests = 6
-warmup = 1
-
-[tune]
-enabled = true
-max_trials = {trials}
-repeats = {repeats}
-{space}
-"""
-
-
 def tune_recipe(folder: Path, model: Path, backend: str = "vllm", trials: int = 8, repeats: int = 1,
                 space: str = "", ttft: float = 60) -> Path:
-    return write_recipe(folder, RECIPE.format(model=model, backend=backend, trials=trials, repeats=repeats,
-                                              space=space, ttft=ttft))
+    return served_recipe(folder, model, backend=backend, ttft_ms=ttft, bench="requests = 6\nwarmup = 1\n",
+                         tune=f"enabled = true\nmax_trials = {trials}\nrepeats = {repeats}\n{space}\n")
 
 
 def put_sim(tmp_path: Path, monkeypatch, engine_name: str = "vllm", best: dict | None = None, **env) -> Path:

@@ -12,7 +12,8 @@ from llmopt.cli.app import FormatOpt, app, sink
 
 SET_HELP = ("A gate setting: EVAL.KEY=VALUE, or KEY=VALUE for every gate; KEY is max_drop, max_rel_drop_pct, "
             "min_recovery, max_increase_pct, confidence, gate_on or interval; VALUE none removes a threshold (repeatable).")
-OUTPUT_HELP = "Write the re-judged report.json, report.md and junit.xml (with the score files) here."
+OUTPUT_HELP = ("Write the re-judged report.json, report.md and junit.xml here, with every file the report names "
+               "(score files, bench and tune files and plots, loss curves).")
 
 
 @app.command()
