@@ -60,11 +60,13 @@ REPORT_JSON_SCHEMA = {
 def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
     """Copy each eval stage's per-example scores next to the reports, then write them."""
     folder.mkdir(parents=True, exist_ok=True)
-    for stage in plan.stages:
-        scores = manifests[stage.name]["outputs"].get("scores") if stage.kind == "eval" else None
-        if scores:
-            shutil.copy2(plan.cache.path(stage.key) / scores, folder / f"{stage.name}.scores.jsonl")
-    evals = {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"}
+    evals = {}
+    for stage in [s for s in plan.stages if s.kind == "eval"]:
+        outputs = manifests[stage.name]["outputs"]
+        if outputs.get("scores"):  # report.json names the copy, not the file in the stage's cache folder
+            shutil.copy2(plan.cache.path(stage.key) / outputs["scores"], folder / f"{stage.name}.scores.jsonl")
+            outputs = outputs | {"scores": f"{stage.name}.scores.jsonl"}
+        evals[stage.name] = outputs
     bench = copy_bench(folder, plan, manifests)
     tune = copy_tune(folder, plan, manifests)
     training = copy_training(folder, plan, manifests)
@@ -162,9 +164,10 @@ def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
 
 
 def named_files(report: dict) -> list[str]:
-    """Every file a report.json names, relative to its folder: the gates' per-example scores, the bench and
+    """Every file a report.json names, relative to its folder: the evals' and gates' per-example scores, the bench and
     tune stages' files and plots, the training stages' loss histories and curves."""
-    names = [name for g in report.get("gates", []) for name in g.get("scores", {}).values()]
+    names = [e["scores"] for e in report.get("evals", {}).values() if isinstance(e.get("scores"), str)]
+    names += [name for g in report.get("gates", []) for name in g.get("scores", {}).values()]
     for section in ("bench", "tune"):
         for value in (report.get(section) or {}).get("files", {}).values():
             names += value if isinstance(value, list) else [value]

@@ -72,6 +72,7 @@ def check_reports(folder: Path, verdicts: dict[str, str]) -> dict:
         assert (case.find("failure") is not None) == (verdicts[case.get("name")] == "fail")
     for g in report["gates"]:
         assert all((folder / name).is_file() for name in g["scores"].values())
+    assert all((folder / e["scores"]).is_file() for e in report["evals"].values())  # the copies, not the cache's
     return report
 
 
@@ -133,7 +134,7 @@ def report_with_files(folder: Path) -> Path:
     judged = gate.judge(EvalItem(name="mc", kind="multiple_choice", max_drop=0.5),
                         gate.compare("acc", read["baseline"], read["candidate"], 0.95), True)
     evals = {f"eval.mc.{role}": {"metric": "acc", "value": sum(v) / len(v), "higher_is_better": True, "n": len(v),
-                                 "scores": "scores.jsonl"} for role, v in scores.items()}
+                                 "scores": f"eval.mc.{role}.scores.jsonl"} for role, v in scores.items()}
     bench = {"engine": "vllm", "workload": {"input_len": 16, "output_len": 4, "concurrency": 2},
              "slo": {"ttft_p99_ms": 60000}, "options": {"requests": 4, "warmup": 1, "repeats": 1}, "points": [],
              "files": {"json": "bench/bench.json", "markdown": "bench/bench.md", "requests": "bench/requests.jsonl",
