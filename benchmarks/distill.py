@@ -1,21 +1,26 @@
-"""How much of what depth pruning costs the demo model distillation wins back, in how many steps and minutes.
+"""How much of what pruning costs the demo model distillation wins back, in how many steps and minutes.
 
 Two ``llmopt run``s (``llmopt.api.run``) on one stage cache, built from the steps of
 ``recipes/prune-distill-onnx-cpu.toml`` without its export (the candidate is scored in process,
 so the figures are the pruning's and the distillation's alone):
 
-* pruned: SmolLM2-135M-Instruct with 6 of its 30 layers dropped (prune_depth);
+* pruned: SmolLM2-135M-Instruct with 6 of its 30 layers dropped (``--prune depth``, prune_depth,
+  the recipe's step), or every MLP cut from 1536 to ``--intermediate-size`` neurons (``--prune
+  width``, prune_width; 1152 removes about as many parameters as the six layers: 19.9M against
+  21.2M of 134.5M);
 * distilled: the same pruned stage (from the cache), then ``distill`` for ``--steps`` steps.
 
 Both are scored against the source on the held-out perplexity sets (``--windows`` windows of
 256 tokens each) and, with ``--mc``, the 200 built-in multiple-choice questions; the gates give
-each paired difference with its 95% interval. Printed as JSON: per eval the source's, the
-pruned and the distilled value with the intervals, the share of the pruning's perplexity loss
-won back (``recovered``), the distill stage's steps, seconds and loss, and ``uptime`` before and
-after (this machine is shared: the load average says how loaded it was).
+each paired difference with its 95% interval. Printed as JSON: the variant, the parameters
+before and after pruning, the device the stages ran on, per eval the source's, the pruned and
+the distilled value with the intervals, the share of the pruning's perplexity loss won back
+(``recovered``), the distill stage's steps, seconds and loss, every stage's status and seconds,
+and ``uptime`` before and after (this machine is shared: the load average says how loaded it was).
 
     LLMOPT_CPU_THREADS=1 python benchmarks/distill.py --steps 50            # about an hour on a busy 2-core CPU
-    python benchmarks/distill.py --steps 200 --mc --cache /tmp/distill-cache  # a GPU or a quiet machine
+    python benchmarks/distill.py --steps 200 --windows 32 --mc --cache /tmp/c                # 100 s on one H200
+    python benchmarks/distill.py --prune width --steps 200 --windows 32 --mc --cache /tmp/c  # 76 s more there
 """
 
 from __future__ import annotations
@@ -42,13 +47,22 @@ dtype = "bfloat16"
 data = "builtin:mix"
 samples = 32
 max_seq_len = 256
+"""
 
+PRUNE = {
+    "depth": """
 [[compress]]
 method = "prune_depth"
 layers = 6
 protect_first = 2
 protect_last = 1
-"""
+""",
+    "width": """
+[[compress]]
+method = "prune_width"
+intermediate_size = {intermediate_size}
+""",
+}
 
 DISTILL = """
 [[compress]]
@@ -75,12 +89,23 @@ def gates(result) -> dict:
     return {g["name"]: {k: g.get(k) for k in ("baseline", "candidate", "delta", "ci", "n")} for g in result.gates}
 
 
+def device() -> str:
+    """The GPU the stages ran on (llmopt picks CUDA when torch sees one), or "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prune", choices=sorted(PRUNE), default="depth", help="what to prune: 6 of 30 layers "
+                        "(the recipe's step) or every MLP's width")
+    parser.add_argument("--intermediate-size", type=int, default=1152, help="MLP neurons kept by --prune width "
+                        "(of 1536; a multiple of 64)")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
@@ -95,10 +120,11 @@ def main() -> None:
     cache = args.cache or str(work / "cache")
     before = uptime()
     tail = evals(args.windows, args.mc, args.domains.split(","))
-    (work / "pruned.toml").write_text(HEAD.format(name="pruned") + tail)
+    head = HEAD + PRUNE[args.prune].format(intermediate_size=args.intermediate_size)
+    (work / "pruned.toml").write_text(head.format(name="pruned") + tail)
     distill = DISTILL.format(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
                              warmup=max(1, args.steps // 20), every=args.checkpoint_every)
-    (work / "distilled.toml").write_text(HEAD.format(name="distilled") + distill + tail)
+    (work / "distilled.toml").write_text(head.format(name="distilled") + distill + tail)
     pruned = api.run(work / "pruned.toml", cache_dir=cache, output_dir=work / "art-pruned")
     distilled = api.run(work / "distilled.toml", cache_dir=cache, output_dir=work / "art-distilled")
     stage = next(r for r in distilled.records if r.name == "compress.1.distill")
@@ -111,11 +137,18 @@ def main() -> None:
                        "distilled_delta_ci": d[name]["ci"], "n": p[name]["n"],
                        "recovered": round((cut - back) / lost, 3) if lost else None}
     training = stage.outputs.get("training", {})
-    print(json.dumps({"steps": training.get("steps"), "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
+    cut = next(r for r in pruned.records if r.name.startswith("compress.0."))
+    print(json.dumps({"prune": args.prune, "parameters": [cut.outputs.get("parameters_before"),
+                                                           cut.outputs.get("parameters_after")],
+                      "device": device(), "steps": training.get("steps"), "batch": args.batch,
+                      "seq_len": args.seq_len, "lr": args.lr,
                       "distill_seconds": round(stage.seconds, 1), "distill_status": stage.status,
                       "seconds_per_step": round(training.get("seconds", 0) / max(1, args.steps), 2),
                       "loss_first": training.get("loss_first"), "loss_last": training.get("loss_last"),
-                      "evals": table, "uptime_before": before, "uptime_after": uptime(), "work": str(work)}, indent=1))
+                      "evals": table,
+                      "stages": {run: {r.name: [r.status, round(r.seconds, 1)] for r in result.records}
+                                 for run, result in (("pruned", pruned), ("distilled", distilled))},
+                      "uptime_before": before, "uptime_after": uptime(), "work": str(work)}, indent=1))
 
 
 if __name__ == "__main__":
