@@ -1,17 +1,19 @@
 """A replica over several nodes (issue 15, defect 9): Llama-3.1-405B in BF16 and DeepSeek-V3 in FP8 on
 2 nodes of 8 H100s plan tensor parallel 8 within a node x pipeline parallel 2 across nodes; each engine
-writes its per-node commands; the LeaderWorkerSet manifest is checked against the LWS CRD's OpenAPI schema
-(tests/data/lws/) and its pod templates with kubernetes-validate (Kubernetes 1.37.0, strict); a tensor
-parallel size over one node is refused with the fix; a single-node recipe's files do not change."""
+writes its per-node commands (TensorRT-LLM: one MPI world under the leader's mpirun); the LeaderWorkerSet
+manifest is checked against the LWS CRD's OpenAPI schema (tests/data/lws/) and its pod templates with
+kubernetes-validate (Kubernetes 1.37.0, strict); a tensor parallel size over one node is refused with the
+fix; every launch.sh parses in bash; a single-node recipe's files do not change."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from test_deploy_configs import DEMO, plan_errors, render
+from test_deploy_configs import DEMO, plan_errors, planned, render
 from test_serve_vllm_engine import vllm_python  # noqa: F401 (a fixture: vLLM's own parser, built when missing)
 
 from llmopt import memory
@@ -167,17 +169,75 @@ def test_a_single_node_recipe_writes_a_deployment_as_before(tmp_path):
     assert "NODE_RANK" not in (folder / "launch.sh").read_text()
 
 
-def test_a_recipe_tensor_parallel_over_one_node_is_refused(tmp_path):
-    errors = plan_errors(tmp_path, "vllm", "tensor_parallel_size = 16\npipeline_parallel_size = 1",
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+def test_a_recipe_tensor_parallel_over_one_node_is_refused(tmp_path, engine):
+    errors = plan_errors(tmp_path, engine, "tensor_parallel_size = 16\npipeline_parallel_size = 1",
                          config=LLAMA_405B, target=TWO_NODES)
     assert any("tensor_parallel_size 16 spans more than one node of 8 GPUs" in e and
                "set tensor_parallel_size to 8 or less" in e for e in errors), errors
 
 
-def test_trtllm_over_several_nodes_is_refused_with_the_engines_that_can(tmp_path):
-    errors = plan_errors(tmp_path, "trtllm", config=LLAMA_405B, target=TWO_NODES)
-    assert any("TensorRT-LLM launch files for a replica over several nodes" in e and 'serve.backend = "vllm"' in e
-               for e in errors), errors
+def test_trtllm_runs_one_mpi_world_of_tp8_pp2_over_the_nodes(tmp_path):
+    """TensorRT-LLM: config.yaml plans TP 8 x PP 2 and passes the TorchLlmArgs field table; every launch file
+    starts one MPI world of 16 ranks under the leader's mpirun, through trtllm-llmapi-launch."""
+    from llmopt import validate_engine
+    from llmopt.deploy import flags
+
+    result, folder = deploy(tmp_path, "trtllm", LLAMA_405B)
+    assert (result["memory"]["tensor_parallel_size"], result["memory"]["pipeline_parallel_size"]) == (8, 2)
+    assert result["gpus"] == 16 and result["nodes"] == 2 and result["validated_by"] == "flag table trtllm 1.2.1"
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    assert (config["tensor_parallel_size"], config["pipeline_parallel_size"]) == (8, 2)
+    table = validate_engine.validate_table("trtllm", config, flags.TRTLLM_TYPES, flags.TRTLLM_FIELDS,
+                                           flags.TRTLLM_VERSION, flags.TRTLLM_NESTED_FIELDS)
+    assert table["errors"] == [] and table["warnings"] == []
+    mpirun = "--hostfile /tmp/llmopt-hostfile -np 16 "
+    serve = "trtllm-llmapi-launch trtllm-serve /models/demo --backend pytorch --config"
+
+    script = (folder / "launch.sh").read_text()
+    assert mpirun in script and "trtllm-llmapi-launch trtllm-serve /tmp/llmopt-served/demo" in script
+    assert "printf '%s slots=8\\n' \"$LEADER_ADDRESS\" ${WORKER_ADDRESSES:?}" in script
+    assert "exec /usr/sbin/sshd -D -e -p 2222" in script
+
+    compose = yaml.safe_load((folder / "docker-compose.yaml").read_text())["services"]
+    for role in ("leader", "worker"):  # NVIDIA's docker run limits, on both machines
+        assert compose[role]["ulimits"] == {"memlock": -1, "stack": 67108864}
+        assert compose[role]["network_mode"] == "host" and "entrypoint" not in compose[role]  # NGC's entrypoint
+    leader = compose["leader"]["command"]
+    assert leader[:2] == ["/bin/bash", "-c"] and mpirun in leader[2] and serve in leader[2]
+    assert "/dev/tcp/$$host/2222" in leader[2]  # a shell $ is $$ in compose, which interpolates $VAR itself
+
+    lws = next(yaml.safe_load_all((folder / "kubernetes.yaml").read_text()))
+    check_leader_worker_set(lws)
+    pods = {role: lws["spec"]["leaderWorkerTemplate"][role]["spec"]["containers"][0]
+            for role in ("leaderTemplate", "workerTemplate")}
+    leader, worker = (pods[role]["args"] for role in ("leaderTemplate", "workerTemplate"))
+    assert all("command" not in pod and pod["resources"]["limits"]["nvidia.com/gpu"] == 8 for pod in pods.values())
+    assert leader[:2] == ["/bin/bash", "-c"] and mpirun in leader[2] and serve in leader[2]
+    assert "$(LWS_LEADER_ADDRESS) \"${LWS_LEADER_ADDRESS%%.*}-1.${LWS_LEADER_ADDRESS#*.}\" > " in leader[2]
+    assert worker[2] == "mkdir -p /run/sshd && ssh-keygen -A && exec /usr/sbin/sshd -D -e -p 2222"
+
+
+def test_trtllm_refuses_a_model_the_nodes_cannot_hold(tmp_path):
+    errors = plan_errors(tmp_path, "trtllm", config=LLAMA_405B, target='gpu = "H100-SXM-80GB"\ncount = 4\nnodes = 2')
+    assert any("does not fit on" in e for e in errors), errors
+
+
+def test_trtllm_over_several_nodes_warns_that_the_ngc_image_runs_no_ssh_server(tmp_path):
+    plan, _ = planned(tmp_path, "trtllm", config=LLAMA_405B, target=TWO_NODES)
+    assert not plan.errors, [p.message for p in plan.errors]
+    assert any("not documented to run an SSH server" in p.message and "openssh-server" in p.hint
+               for p in plan.problems if p.severity == "warning"), plan.problems
+    plan, _ = planned(tmp_path / "own", "trtllm", 'image = "registry.example/trtllm-sshd"', config=LLAMA_405B,
+                      target=TWO_NODES)
+    assert not [p for p in plan.problems if "SSH server" in p.message]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_every_launch_script_is_valid_bash(tmp_path, engine):
+    _, folder = deploy(tmp_path, engine, LLAMA_405B)
+    run = subprocess.run(["bash", "-n", str(folder / "launch.sh")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ class TargetSection(Section):
                        "a replica spread over `nodes` nodes uses count x nodes GPUs.")
     nodes: int = Field(1, ge=1, le=64, description="Nodes one serving replica may span. Above 1, tensor parallel "
                        "stays within a node (at most count) and pipeline parallel splits the layers across nodes "
-                       "(pipeline_parallel_size = nodes by default); the launch files start one process per node.")
+                       "(pipeline_parallel_size = nodes by default); the launch files start the engine on every node.")
 
 
 class ComputeSection(Section):

@@ -7,7 +7,10 @@ the weights and activations (``kv_cache_config.free_gpu_memory_fraction``); ``ex
 into it deep (``llmopt.deploy.extras``). The YAML keys are ``TorchLlmArgs`` fields, checked
 against the field table of TensorRT-LLM 1.2.1, where an unknown key is an error as it is for
 TensorRT-LLM (TensorRT-LLM itself is not installed by llmopt). trtllm-serve names the model by
-its folder, so the deployment files serve it from a folder named like the recipe.
+its folder, so the deployment files serve it from a folder named like the recipe. With
+``[target] nodes`` > 1, tensor parallel within a node and pipeline parallel across nodes make one MPI
+world that the leader's mpirun starts over SSH (``node_commands``; ``llmopt.deploy.nodes``: per-node
+launch.sh, compose services, a LeaderWorkerSet).
 Needs: pyyaml (the ``deploy`` extra).
 Produces: ``deploy/trtllm/config.yaml``, ``launch.sh``, ``docker-compose.yaml`` and
 ``kubernetes.yaml`` (image ``nvcr.io/nvidia/tensorrt-llm/release``).
@@ -22,7 +25,7 @@ from pydantic import Field
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, StageContext
 from llmopt.catalog import engines
-from llmopt.deploy import extras, files, flags, inputs
+from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -64,10 +67,18 @@ ULIMITS = {"memlock": -1, "stack": 67108864}
 LIMITS = {"max_num_seqs": "max_batch_size", "max_num_batched_tokens": "max_num_tokens"}
 
 
-# a replica over several nodes runs in one MPI world (mpirun / srun with trtllm-llmapi-launch), which needs SSH
-# or Slurm between the nodes: llmopt does not write that launch yet
-MULTI_NODE = "TensorRT-LLM launch files for a replica over several nodes ([target] nodes > 1) are not written yet"
-MULTI_NODE_FIX = "serve across nodes with serve.backend = \"vllm\" or \"sglang\", or set [target] nodes = 1"
+# A replica over several nodes is one MPI world of tp x pp ranks (TensorRT-LLM's multi-node examples,
+# examples/llm-api/llm_mgmn_trtllm_serve.sh): every rank runs `trtllm-llmapi-launch trtllm-serve ...`; rank 0 serves
+# HTTP and drives the others, which wait for its work (tensorrt_llm/llmapi/trtllm-llmapi-launch). NVIDIA's examples
+# start the world with Slurm's `srun --mpi=pmix`; without Slurm, Open MPI's mpirun on the leader starts the ranks of
+# the other nodes over SSH, so the workers run an SSH server. It listens on SSH_PORT, not 22, which the host's own
+# sshd holds under host networking.
+SSH_PORT = 2222
+HOSTFILE = "/tmp/llmopt-hostfile"
+NO_SSHD = ("the NGC TensorRT-LLM release image is not documented to run an SSH server, which the workers of a "
+           "replica over several nodes run for the leader's mpirun")
+NO_SSHD_FIX = ("build an image FROM it with openssh-server and a key pair the leader's root can log in with "
+               "(~/.ssh/id_* and authorized_keys), and set image and tag to it")
 
 
 class TrtllmOptions(files.DeploymentOptions):
@@ -183,6 +194,30 @@ def merged_config(options: TrtllmOptions, planned: memory.MemoryPlan, recipe, dt
     return merged
 
 
+def node_commands(launch: files.Launch, count: int) -> nodes.NodeCommands:
+    """A replica over ``count`` nodes as one MPI world: the workers run an SSH server; the leader waits until each
+    answers, writes an Open MPI hostfile (``slots`` = GPUs of a node, the leader first, so rank 0 and the HTTP server
+    are on it) and runs every rank of ``trtllm-llmapi-launch trtllm-serve`` under mpirun. mpirun is called by its
+    absolute path, which Open MPI takes as ``--prefix`` (mpirun(1)), so the ranks it starts over SSH find Open MPI
+    without the image's environment; ``-x`` passes PATH and LD_LIBRARY_PATH on to them."""
+    world = count * launch.gpus
+    serve = nodes.shell_join(["trtllm-llmapi-launch", *launch.entrypoint, *launch.args])
+    wait = (f"for host in {{workers}}; do until (exec 3<>/dev/tcp/$host/{SSH_PORT}) 2>/dev/null; do sleep 2; done; "
+            "done")
+    hostfile = f"printf '%s slots={launch.gpus}\\n' {{leader}} {{workers}} > {HOSTFILE}"
+    mpirun = (f"exec `command -v mpirun` --allow-run-as-root --hostfile {HOSTFILE} -np {world} --mca plm_rsh_args "
+              f"'-p {SSH_PORT} -o StrictHostKeyChecking=no' -x PATH -x LD_LIBRARY_PATH {serve}")
+    return nodes.NodeCommands(
+        count, f"{wait} && {hostfile} && {mpirun}",
+        f"mkdir -p /run/sshd && ssh-keygen -A && exec /usr/sbin/sshd -D -e -p {SSH_PORT}",
+        (f"TensorRT-LLM: one MPI world of {world} ranks (tp x pp); the leader's mpirun starts those of the "
+         f"workers over SSH (port {SSH_PORT}).",
+         "The workers run /usr/sbin/sshd: the image needs openssh-server and a key pair root logs in with (the NGC "
+         "release image is not documented to ship them).",
+         "On the leader, WORKER_ADDRESSES lists the workers' addresses (the LeaderWorkerSet derives them from "
+         "LWS_LEADER_ADDRESS)."))
+
+
 def gpu_sizes(config: dict) -> dict[str, int]:
     return {key: config.get(key, 1) for key in GPU_KEYS}
 
@@ -204,8 +239,8 @@ class TrtllmServe:
 
     def check(self, options: TrtllmOptions, ctx: PlanContext) -> list[Problem]:
         problems = []
-        if ctx.recipe.recipe.target.nodes > 1:
-            problems.append(Problem(MULTI_NODE, ctx.recipe.where("target"), MULTI_NODE_FIX))
+        if ctx.recipe.recipe.target.nodes > 1 and options.image == TrtllmOptions.model_fields["image"].default:
+            problems.append(Problem(NO_SSHD, ctx.where("image"), NO_SSHD_FIX, severity="warning"))
         if options.moe_backend and ctx.model is not None and not ctx.model.num_experts:
             problems.append(Problem("moe_backend is set but the model has no experts", ctx.where("moe_backend"),
                                     "remove moe_backend", severity="warning"))
@@ -225,8 +260,6 @@ class TrtllmServe:
 
     def render(self, options: TrtllmOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
-        if recipe.target.nodes > 1:
-            raise UsageError(MULTI_NODE, where="target.nodes", fix=MULTI_NODE_FIX)
         if ctx.gpu is None:
             raise UsageError("TensorRT-LLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
         options = effective(options)
@@ -254,7 +287,7 @@ class TrtllmServe:
         launch = files.Launch(
             "trtllm", recipe.name, f"{options.image}:{options.tag}", ["trtllm-serve"],
             ["{model}", "--backend", "pytorch", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
-             "--port", str(options.port)], options.port, gpus, options,
+             "--port", str(options.port)], options.port, gpus // planned.nodes, options,
             # trtllm-serve's /health asks the executor whether it is alive; /health_generate runs a generation
             # (tensorrt_llm/serve/openai_server.py, register_routes)
             ready_path="/health", live_path="/health",
@@ -265,10 +298,12 @@ class TrtllmServe:
             # release/1.2 branch); it names a local model folder by its basename (openai_server.py:
             # model_dir.name), so the model is served from a folder named like the recipe
             served_dir=True)
-        written = ["config.yaml", *files.write_all(folder, launch)]
+        commands = node_commands(launch, planned.nodes) if planned.nodes > 1 else None
+        written = ["config.yaml", *(nodes.write_all(folder, launch, commands) if commands
+                                    else files.write_all(folder, launch))]
         return {"engine": "trtllm", "engine_version": flags.TRTLLM_VERSION,
                 "command": "deploy/trtllm/launch.sh", "launch": "deploy/trtllm/launch.sh",
                 "image": launch.image, "port": options.port, "files": [f"deploy/trtllm/{f}" for f in written],
-                "served_model_name": recipe.name, "gpus": gpus, "args": config,
+                "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": config,
                 "quantization": (quant or {}).get("quant_method"), "memory": planned.to_dict(),
                 "validated_by": validation["validated_by"], "warnings": planned.warnings + validation["warnings"]}
