@@ -54,12 +54,12 @@ def chat_model(tiny_model, tmp_path_factory) -> Path:
 
 
 @contextmanager
-def running(served: ServedModel, max_queue: int = 8):
+def running(served: ServedModel, max_queue: int = 8, parallel: int = 1):
     """A uvicorn server in a thread on a free loopback port; yields its base URL."""
     import uvicorn
 
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(served, max_queue), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(served, max_queue, parallel), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -474,6 +474,38 @@ def test_disconnect_mid_stream_frees_the_slot(slow_url):
     assert 2 <= cancelled_tokens < 80
 
 
+class ConcurrentSlowRuntime(SlowRuntime):
+    """SlowRuntime declaring itself safe to generate on several threads (the transformers runtime's stream keeps
+    its KV cache in the call, so two calls do not share state), so the server may run it with --parallel."""
+
+    concurrent = True
+
+
+def test_parallel_workers_generate_requests_at_once_with_the_answers_of_one_worker(chat_model):
+    served = load_model(chat_model, max_model_len=MAX_LEN, name="tiny")
+    served.runtime = ConcurrentSlowRuntime(served.runtime, 0.05)
+    bodies = [{"prompt": f"Request {i} about the river", "max_tokens": 12, "temperature": 0} for i in range(4)]
+    with running(served, max_queue=4, parallel=2) as base:
+        sequential = [post(base, "/v1/completions", b).json()["choices"][0]["text"] for b in bodies]
+        peak = []
+        with ThreadPoolExecutor(4) as pool:
+            answers = pool.map(lambda b: post(base, "/v1/completions", b).json()["choices"][0]["text"], bodies)
+            wait_for(lambda: peak.append(metrics(base)["llmopt_requests_running"]) or peak[-1] == 2)
+            assert list(answers) == sequential
+        assert max(peak) == 2 and metrics(base)["llmopt_requests_running"] == 0
+
+
+def test_parallel_needs_a_runtime_that_is_safe_on_several_threads(served, tiny_model, capsys):
+    from llmopt.cli.main import main
+    from llmopt.server.metrics import Metrics
+    from llmopt.server.scheduler import Scheduler
+
+    with pytest.raises(ValueError, match="one request at a time"):
+        Scheduler(served.runtime, Metrics(), parallel=2)
+    assert main(["serve", str(tiny_model), "--port", "0", "--parallel", "2"]) == 2
+    assert "--parallel 2: the transformers runtime generates one request at a time" in capsys.readouterr().err
+
+
 def test_disconnect_while_waiting_for_a_plain_answer_cancels_it(slow_url):
     before = metrics(slow_url)
     with pytest.raises(httpx.ReadTimeout):
@@ -584,10 +616,14 @@ def test_onnx_model_folder_is_served_like_the_transformers_one(chat_model, url, 
     ids = hf.encode("The river runs")
     for options in ({"repetition_penalty": 1.5}, {"temperature": 0.7, "top_k": 1}, {"repetition_penalty": 3.0}):
         assert list(served.runtime.stream(ids, 10, **options)) == list(hf.stream(ids, 10, **options)), options
-    with running(served) as onnx_url:
+    with running(served, parallel=2) as onnx_url:  # two generators over one og.Model, on two threads
         for path, body in bodies:
             onnx_answer, hf_answer = post(onnx_url, path, body).json(), post(url, path, body).json()
             assert onnx_answer["choices"] == hf_answer["choices"] and onnx_answer["usage"] == hf_answer["usage"]
+        many = [{"prompt": f"Request {i} about the river", "max_tokens": 10, "temperature": 0} for i in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            at_once = list(pool.map(lambda b: post(onnx_url, "/v1/completions", b).json()["choices"], many))
+        assert at_once == [post(url, "/v1/completions", b).json()["choices"] for b in many]
         # onnxruntime-genai ends at its end-of-sequence token: ignore_eos masks it instead, for the same length
         ignored = {"prompt": eos_prompt(served.runtime), "max_tokens": 6, "temperature": 0, "ignore_eos": True}
         assert post(onnx_url, "/v1/completions", ignored).json()["usage"]["completion_tokens"] == 6

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,13 +70,15 @@ def predicted_vllm(tmp_path: Path, tiny_model: Path) -> dict:
 # --- units ----------------------------------------------------------------------------------------------------
 
 def test_candidates_never_start_below_the_prediction():
-    size, fraction, threads, queue = (spaces.Param("p", "yaml", "f", "p", kind) for kind in
-                                      ("size", "fraction", "threads", "queue"))
+    size, fraction, threads, slots, queue = (spaces.Param("p", "yaml", "f", "p", kind) for kind in
+                                             ("size", "fraction", "threads", "slots", "queue"))
     assert spaces.candidates(size, 256, 4) == [256, 512, 1024]
     assert spaces.candidates(fraction, 0.9, 4) == [0.9, 0.93, 0.95]
     assert spaces.candidates(fraction, 0.95, 4) == [0.95]
     assert spaces.candidates(threads, None, 4, cpus=2) == [None, 1, 2]
     assert spaces.candidates(queue, 16, 4) == [16, 3]
+    assert spaces.candidates(slots, 1, 4, cpus=2) == [1, 2]
+    assert spaces.candidates(slots, 1, 1, cpus=2) == [1]  # one request in flight: a second slot would idle
 
 
 def test_apply_keeps_comments_and_appends_flags(tmp_path):
@@ -254,19 +257,20 @@ def test_ctrl_c_stops_the_engine(tmp_path, tiny_model, monkeypatch, isolated_cac
 @pytest.mark.slow
 def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolated_cache):
     """The real CPU path: ONNX Runtime's intra-op threads written into genai_config.json and llmopt serve's
-    --max-queue onto launch.sh's command, each trial served by `llmopt serve`; the figures are measured."""
+    --parallel and --max-queue onto launch.sh's command, each trial served by `llmopt serve`; the figures are
+    measured."""
     body = (f'schema_version = 1\nname = "tiny-ort"\n\n[model]\nsource = "{tiny_model}"\n\n'
             '[export]\nformat = "onnx"\nprecision = "fp32"\n\n'
             '[serve]\nbackend = "ort"\nmax_model_len = 256\n'
             'workload = { input_len = 16, output_len = 4, concurrency = 2 }\nslo = { ttft_p99_ms = 60000 }\n\n'
-            '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 3\nrepeats = 0\n'
-            'space = { intra_op_num_threads = [1], max-queue = [16, 1] }\n')
+            '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 4\nrepeats = 0\n'
+            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [16, 1] }\n')
     art = tmp_path / "art"
     res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
     assert res.returncode == 0, res.stderr
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
-        "intra_op_num_threads": [None, 1], "max-queue": [16, 1]}
+        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [16, 1]}
     # measured, not simulated: the default meets the loose SLO; a queue of 1 at concurrency 2 may refuse a
     # request (429) when the next one arrives before the waiting one starts, which makes that trial "errors"
     assert tuning["trials"][0]["phase"] == "default" and tuning["trials"][0]["verdict"] == "meets SLO"
@@ -275,6 +279,10 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
                                     and t["values"] == tuning["winner"])
     trial = next(t for t in tuning["trials"] if t["values"]["intra_op_num_threads"] == 1)
     assert trial["figures"]["requests"]["ok"] == 4
+    two = next(t for t in tuning["trials"] if t["values"]["parallel"] == 2)  # two requests generated at once
+    assert two["figures"]["requests"]["ok"] == 4, two
+    launch = (art / "deploy" / "ort" / "launch.sh").read_text()
+    assert re.findall(r"--parallel (\d+)", launch.splitlines()[-1])[-1] == str(tuning["winner"]["parallel"])
     config = json.loads((art / "deploy" / "ort" / "genai_config.json").read_text())
     threads = config["model"]["decoder"]["session_options"].get("intra_op_num_threads")
     assert threads == tuning["winner"]["intra_op_num_threads"]

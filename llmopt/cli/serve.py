@@ -19,7 +19,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 opens it to the network (no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
     runtime: Annotated[str, typer.Option(help="auto (by the model's format: transformers for hf, onnxruntime for onnx), or a runtime name.")] = "auto",
-    max_queue: Annotated[int, typer.Option(min=0, help="Requests that may wait while one generates; more are answered 429.")] = 16,
+    max_queue: Annotated[int, typer.Option(min=0, help="Requests that may wait while others generate; more are answered 429.")] = 16,
+    parallel: Annotated[int, typer.Option(min=1, help="Requests generated at the same time, each on its own worker thread "
+                                          "(the onnxruntime runtime only). On a CPU, give each one core: --parallel 2 with "
+                                          "intra_op_num_threads 1 in genai_config.json on two cores.")] = 1,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + completion in tokens (default: the model's context).")] = None,
     model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
     device: Annotated[str, typer.Option(help="cpu, or cuda / cuda:N for the transformers runtime.")] = "cpu",
@@ -29,13 +32,16 @@ def serve(
 
     Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
-    One request generates at a time while others wait in a bounded queue; see docs/serve.md.
+    One request generates at a time (``--parallel N``: N at once) while others wait in a bounded queue;
+    see docs/serve.md.
 
     Examples:
 
         llmopt serve artifacts/quickstart
 
         llmopt serve artifacts/quickstart/model --port 8080 --max-queue 4 --max-model-len 2048
+
+        llmopt serve artifacts/quickstart --parallel 2 --port 8081
 
         llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
     """
@@ -51,16 +57,19 @@ def serve(
     sock = server.bind(host, port)
     with out.status(f"loading {path}"):
         served = server.load_model(path, runtime, device, max_model_len, model_name)
+    if parallel > 1 and not getattr(served.runtime, "concurrent", False):
+        raise UsageError(f"--parallel {parallel}: the {served.runtime.name} runtime generates one request at a time",
+                         fix="leave out --parallel, or serve an ONNX model (the onnxruntime runtime)")
     bound_host, bound_port = sock.getsockname()[:2]
     info = {"url": f"http://{_url_host(bound_host)}:{bound_port}/v1", "model": served.name,
             "model_dir": str(served.model_dir), "format": served.format, "runtime": served.runtime.name,
-            "max_model_len": served.max_model_len, "max_queue": max_queue}
+            "max_model_len": served.max_model_len, "max_queue": max_queue, "parallel": parallel}
     out.result(info, lambda c: c.print(f"serving [bold]{served.name}[/] ({served.format}, {served.runtime.name}, "
                                        f"context {served.max_model_len}) at {info['url']}"))
     out.flush()  # the document now: the command serves until it is stopped
     if host not in LOOPBACK:
         out.warn(f"listening on {host}: anyone who can reach this machine can use the server (no authentication)")
-    server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning")
+    server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning", parallel=parallel)
 
 
 def _url_host(host: str) -> str:

@@ -29,6 +29,7 @@ class OnnxRuntime:
     """An ONNX Runtime GenAI model in process."""
 
     name = "onnxruntime"
+    concurrent = True  # one og.Model serves several og.Generators on several threads (llmopt serve --parallel)
 
     def __init__(self, model_dir: Path, device: str = "cpu", trust_remote_code: bool = False):
         og = require("onnxruntime_genai", "ort", "the onnxruntime runtime", package="onnxruntime-genai")

@@ -17,13 +17,13 @@ from llmopt.server.model import ServedModel, load_model
 __all__ = ["ServedModel", "bind", "create_app", "load_model", "serve"]
 
 
-def create_app(served: ServedModel, max_queue: int = 16):
+def create_app(served: ServedModel, max_queue: int = 16, parallel: int = 1):
     from llmopt.libraries import require
 
     require("fastapi", "serve", "llmopt serve")
     from llmopt.server.app import create_app as build
 
-    return build(served, max_queue)
+    return build(served, max_queue, parallel)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -39,12 +39,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(served: ServedModel, sock: socket.socket, max_queue: int = 16, log_level: str = "info") -> None:
+def serve(served: ServedModel, sock: socket.socket, max_queue: int = 16, log_level: str = "info",
+          parallel: int = 1) -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish."""
     from llmopt.libraries import require
 
     uvicorn = require("uvicorn", "serve", "llmopt serve")
-    config = uvicorn.Config(create_app(served, max_queue), log_level=log_level, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(create_app(served, max_queue, parallel), log_level=log_level, timeout_graceful_shutdown=30)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly

@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
 server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health`` and
-``GET /metrics``. Generation runs on the scheduler's worker thread; a handler
+``GET /metrics``. Generation runs on the scheduler's worker threads; a handler
 tokenizes, queues a job and relays the job's events. A client that goes away
 cancels its job: a streamed answer notices when its send is cancelled, a plain
 one polls for the disconnect while it waits. A completion with ``echo`` and
@@ -44,10 +44,10 @@ class ApiError(Exception):
         self.status, self.body = status, schemas.error_body(message, kind, code, param)
 
 
-def create_app(served: ServedModel, max_queue: int = 16) -> FastAPI:
-    """The app serving ``served``; its worker thread runs while the app's lifespan does."""
+def create_app(served: ServedModel, max_queue: int = 16, parallel: int = 1) -> FastAPI:
+    """The app serving ``served``; its ``parallel`` worker threads run while the app's lifespan does."""
     metrics = Metrics()
-    scheduler = Scheduler(served.runtime, metrics, max_queue)
+    scheduler = Scheduler(served.runtime, metrics, max_queue, parallel)
 
     @asynccontextmanager
     async def lifespan(app):

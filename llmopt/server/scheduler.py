@@ -1,12 +1,16 @@
-"""The generation worker: one thread owns the model and serves queued jobs one at a time.
+"""The generation workers: ``parallel`` threads own the model and serve queued jobs, one job each at a time.
 
-Runtimes are neither thread-safe nor able to overlap work on a CPU, so every
-runtime call happens on a single worker thread: generation, and the request
-handlers' tokenization too (``call``), which the worker runs between two tokens of
-the generation in progress. At most ``max_queue`` jobs wait while one generates;
-``submit`` raises QueueFull beyond that (HTTP 429). A cancelled job (its client
-went away) leaves the queue at once, or stops generating after the token in
-progress.
+Every runtime call happens on a worker thread: generation, and the request handlers'
+tokenization and scoring too (``call``), which a worker runs between two tokens of the
+generation in progress. One worker (the default) serves every runtime; several workers
+generate several requests at once, each through its own generator over the one loaded
+model, which only a runtime that says it is safe (``concurrent = True``: ONNX Runtime,
+whose session runs concurrent calls and whose calls leave the interpreter free) allows.
+On a CPU that pays when one request's forward pass cannot use every core: two workers
+of one intra-op thread each keep two cores busy where one request at a time keeps
+about one. At most ``max_queue`` jobs wait while the workers generate; ``submit``
+raises QueueFull beyond that (HTTP 429). A cancelled job (its client went away) leaves
+the queue at once, or stops generating after the token in progress.
 """
 
 from __future__ import annotations
@@ -55,20 +59,23 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, runtime, metrics: Metrics, max_queue: int = 16):
+    def __init__(self, runtime, metrics: Metrics, max_queue: int = 16, parallel: int = 1):
+        if parallel > 1 and not getattr(runtime, "concurrent", False):
+            raise ValueError(f"the {runtime.name} runtime generates one request at a time: parallel must be 1")
         self.runtime = runtime
         self.metrics = metrics
         self.max_queue = max_queue
+        self.parallel = parallel
         self._cond = threading.Condition()
         self._calls: collections.deque[tuple] = collections.deque()
         self._waiting: collections.deque[Job] = collections.deque()
-        self._running: Job | None = None
+        self._running: set[Job] = set()
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
     def call(self, fn, *args) -> Future:
         """Run ``fn(*args)`` (tokenization, templating) on the worker thread, soon: between two
@@ -83,8 +90,10 @@ class Scheduler:
         return future
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="llmopt-generate", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"llmopt-generate-{i}", daemon=True)
+                         for i in range(self.parallel)]
+        for thread in self._threads:
+            thread.start()
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -96,11 +105,12 @@ class Scheduler:
                 if future.set_running_or_notify_cancel():
                     future.set_exception(RuntimeError("the server is shutting down"))
             self._calls.clear()
-            if self._running is not None:
-                self._running.cancelled.set()
+            for job in self._running:
+                job.cancelled.set()
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0))
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -123,13 +133,15 @@ class Scheduler:
                 self.metrics.finished(job.endpoint, "cancelled", 0, 0)
 
     def _publish(self) -> None:
-        self.metrics.queue(len(self._waiting), int(self._running is not None))
+        self.metrics.queue(len(self._waiting), len(self._running))
 
     def _run_calls(self) -> None:
-        with self._cond:
-            calls = list(self._calls)
-            self._calls.clear()
-        for fn, args, future in calls:
+        """Run the calls waiting now; with several workers, each call on whichever takes it first."""
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                fn, args, future = self._calls.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -148,13 +160,14 @@ class Scheduler:
             with self._cond:
                 if not self._waiting:
                     continue
-                job = self._running = self._waiting.popleft()
+                job = self._waiting.popleft()
+                self._running.add(job)
                 self._publish()
             try:
                 self._generate(job)
             finally:
                 with self._cond:
-                    self._running = None
+                    self._running.discard(job)
                     self._publish()
                 job.finished.set()
 

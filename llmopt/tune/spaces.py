@@ -10,6 +10,8 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
 * ``fraction`` (the memory share the engine may take): the prediction, +0.03 and 0.95, never above 0.95;
 * ``threads`` (ONNX Runtime's intra-op threads): ONNX Runtime's own choice (the prediction when the
   deploy config names none) and 1 to the CPUs this machine has;
+* ``slots`` (``llmopt serve --parallel``, requests generated at once): the prediction, then 1 to the
+  CPUs this machine has, at most the workload's concurrency (more slots than requests in flight are idle);
 * ``queue`` (``llmopt serve --max-queue``): the prediction and the workload's concurrency - 1, the
   shortest queue that refuses none of its requests.
 
@@ -41,7 +43,7 @@ class Param:
     where: str  # yaml | json | arg
     file: str  # the file of deploy/<engine>/ that holds it
     key: str  # a dotted path in the file, or the command-line flag (arg)
-    grows: str  # size | fraction | threads | queue
+    grows: str  # size | fraction | threads | slots | queue
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
 
 
@@ -59,7 +61,8 @@ SPACES: dict[str, tuple[Param, ...]] = {
     "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "size"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
                Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
-    "ort": (Param("intra_op_num_threads", "json", "genai_config.json",
+    "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1),
+            Param("intra_op_num_threads", "json", "genai_config.json",
                   "model.decoder.session_options.intra_op_num_threads", "threads"),
             Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", 16)),
 }
@@ -89,6 +92,9 @@ def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = No
         return sorted({v for v in steps if v >= float(value)}, key=steps.index)
     if param.grows == "threads":
         return [value, *[n for n in range(1, (cpus or os.cpu_count() or 1) + 1) if n != value]]
+    if param.grows == "slots":
+        most = max(min(cpus or os.cpu_count() or 1, concurrency), 1)
+        return list(dict.fromkeys([value, *range(1, most + 1)]))
     if param.grows == "queue":
         return list(dict.fromkeys([value, max(concurrency - 1, 0)]))
     raise ValueError(param.grows)

@@ -64,7 +64,10 @@ class OrtOptions(files.DeploymentOptions):
         "execution_provider); another is refused.")
     intra_op_num_threads: int | None = Field(
         None, ge=1, description="CPU threads of one operator (default: ONNX Runtime's choice).")
-    max_queue: int = Field(16, ge=0, description="Requests that may wait while one generates (llmopt serve --max-queue).")
+    max_queue: int = Field(16, ge=0, description="Requests that may wait while others generate (llmopt serve --max-queue).")
+    parallel: int = Field(1, ge=1, description="Requests generated at the same time, each on its own thread over the one "
+                          "loaded model (llmopt serve --parallel); on a CPU, parallel x intra_op_num_threads should not "
+                          "exceed its cores. [tune] searches it.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str | None = Field(
         None, description="A container image with `llmopt[ort,serve]` installed; when set, docker-compose.yaml and "
@@ -184,7 +187,7 @@ class OrtServe:
         merged = merge(base, top)
         (folder / "genai_config.json").write_text(json.dumps(merged, indent=2) + "\n")
         serve_args = ["--host", "0.0.0.0", "--port", str(options.port), "--max-model-len", str(max_length),
-                      "--model-name", recipe.name, "--max-queue", str(options.max_queue)]
+                      "--model-name", recipe.name, "--max-queue", str(options.max_queue), "--parallel", str(options.parallel)]
         weights = sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.name.endswith((".onnx", ".onnx.data")))
         gpus = 1 if provider in GPU_PROVIDERS else 0
         launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port, gpus,
