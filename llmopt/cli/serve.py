@@ -20,9 +20,9 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
     runtime: Annotated[str, typer.Option(help="auto (by the model's format: transformers for hf, onnxruntime for onnx), or a runtime name.")] = "auto",
     max_queue: Annotated[int, typer.Option(min=0, help="Requests that may wait while others generate; more are answered 429.")] = 16,
-    parallel: Annotated[int, typer.Option(min=1, help="Requests generated at the same time, each on its own worker thread "
-                                          "(the onnxruntime runtime only). On a CPU, give each one core: --parallel 2 with "
-                                          "intra_op_num_threads 1 in genai_config.json on two cores.")] = 1,
+    parallel: Annotated[int, typer.Option(min=1, help="Requests generated at the same time, each by a worker process with "
+                                          "its own copy of the model (the onnxruntime runtime only). On a CPU, parallel x "
+                                          "the model's intra_op_num_threads at most its cores.")] = 1,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + completion in tokens (default: the model's context).")] = None,
     model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
     device: Annotated[str, typer.Option(help="cpu, or cuda / cuda:N for the transformers runtime.")] = "cpu",
@@ -57,7 +57,7 @@ def serve(
     sock = server.bind(host, port)
     with out.status(f"loading {path}"):
         served = server.load_model(path, runtime, device, max_model_len, model_name)
-    if parallel > 1 and not getattr(served.runtime, "concurrent", False):
+    if parallel > 1 and not getattr(served.runtime, "processes", False):
         raise UsageError(f"--parallel {parallel}: the {served.runtime.name} runtime generates one request at a time",
                          fix="leave out --parallel, or serve an ONNX model (the onnxruntime runtime)")
     bound_host, bound_port = sock.getsockname()[:2]

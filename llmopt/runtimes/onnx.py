@@ -29,7 +29,7 @@ class OnnxRuntime:
     """An ONNX Runtime GenAI model in process."""
 
     name = "onnxruntime"
-    concurrent = True  # one og.Model serves several og.Generators on several threads (llmopt serve --parallel)
+    processes = True  # llmopt serve --parallel: one process per worker (og keeps the interpreter lock while it computes)
 
     def __init__(self, model_dir: Path, device: str = "cpu", trust_remote_code: bool = False):
         og = require("onnxruntime_genai", "ort", "the onnxruntime runtime", package="onnxruntime-genai")

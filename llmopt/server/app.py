@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmopt.server import logprobs, schemas
+from llmopt.server import logprobs, schemas, workers
 from llmopt.server.chat import NoChatTemplate, render_chat
 from llmopt.server.metrics import CONTENT_TYPE, Metrics
 from llmopt.server.model import ServedModel
@@ -45,9 +45,15 @@ class ApiError(Exception):
 
 
 def create_app(served: ServedModel, max_queue: int = 16, parallel: int = 1) -> FastAPI:
-    """The app serving ``served``; its ``parallel`` worker threads run while the app's lifespan does."""
+    """The app serving ``served``; its ``parallel`` worker threads run while the app's lifespan does, each
+    generating in a process of its own when ``parallel`` > 1 and the runtime is not ``concurrent``."""
     metrics = Metrics()
-    scheduler = Scheduler(served.runtime, metrics, max_queue, parallel)
+    generators = None
+    if parallel > 1 and not getattr(served.runtime, "concurrent", False):
+        if not getattr(served.runtime, "processes", False):
+            raise ValueError(f"the {served.runtime.name} runtime generates one request at a time: parallel must be 1")
+        generators = workers.start(served.runtime.name, served.model_dir, parallel, served.device)
+    scheduler = Scheduler(served.runtime, metrics, max_queue, parallel, generators)
 
     @asynccontextmanager
     async def lifespan(app):

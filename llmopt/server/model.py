@@ -30,6 +30,7 @@ class ServedModel:
     max_model_len: int  # longest prompt + completion, in tokens
     vocab_size: int | None = None
     identity: dict | None = None  # what answers: the model files' digest, the runtime and its libraries
+    device: str = "cpu"
 
 
 RUNTIME_LIBRARIES = ("onnxruntime-genai", "onnxruntime", "torch", "transformers")
@@ -124,4 +125,5 @@ def load_model(path: Path, runtime: str = "auto", device: str = "cpu", max_model
     context, vocab = model_limits(model_dir)
     limit = max_len(context, max_model_len, model_dir)
     opened = open_runtime(model_dir, fmt, runtime, device)
-    return ServedModel(name or default_name, model_dir, fmt, opened, limit, vocab, identity(model_dir, opened, device))
+    return ServedModel(name or default_name, model_dir, fmt, opened, limit, vocab, identity(model_dir, opened, device),
+                       device)

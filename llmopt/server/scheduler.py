@@ -1,16 +1,15 @@
-"""The generation workers: ``parallel`` threads own the model and serve queued jobs, one job each at a time.
+"""The generation workers: ``parallel`` threads serve queued jobs, one job each at a time.
 
 Every runtime call happens on a worker thread: generation, and the request handlers'
 tokenization and scoring too (``call``), which a worker runs between two tokens of the
-generation in progress. One worker (the default) serves every runtime; several workers
-generate several requests at once, each through its own generator over the one loaded
-model, which only a runtime that says it is safe (``concurrent = True``: ONNX Runtime,
-whose session runs concurrent calls and whose calls leave the interpreter free) allows.
-On a CPU that pays when one request's forward pass cannot use every core: two workers
-of one intra-op thread each keep two cores busy where one request at a time keeps
-about one. At most ``max_queue`` jobs wait while the workers generate; ``submit``
-raises QueueFull beyond that (HTTP 429). A cancelled job (its client went away) leaves
-the queue at once, or stops generating after the token in progress.
+generation in progress. One worker (the default) serves every runtime. With several,
+worker ``i`` generates through ``generators[i]``: a process of its own with its own copy
+of the model (llmopt/server/workers.py), so that requests really compute at once; a
+runtime that is safe to share between threads and leaves the interpreter free while it
+computes (``concurrent = True``) may instead serve every worker itself. At most
+``max_queue`` jobs wait while the workers generate; ``submit`` raises QueueFull beyond
+that (HTTP 429). A cancelled job (its client went away) leaves the queue at once, or
+stops generating after the token in progress.
 """
 
 from __future__ import annotations
@@ -59,13 +58,18 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, runtime, metrics: Metrics, max_queue: int = 16, parallel: int = 1):
-        if parallel > 1 and not getattr(runtime, "concurrent", False):
-            raise ValueError(f"the {runtime.name} runtime generates one request at a time: parallel must be 1")
+    def __init__(self, runtime, metrics: Metrics, max_queue: int = 16, parallel: int = 1,
+                 generators: list | None = None):
+        if generators is not None and len(generators) != parallel:
+            raise ValueError(f"{len(generators)} generators for {parallel} workers")
+        if parallel > 1 and generators is None and not getattr(runtime, "concurrent", False):
+            raise ValueError(f"the {runtime.name} runtime generates one request at a time: parallel must be 1, "
+                             "or give each worker a generator of its own")
         self.runtime = runtime
         self.metrics = metrics
         self.max_queue = max_queue
         self.parallel = parallel
+        self.generators = list(generators) if generators is not None else [runtime] * parallel
         self._cond = threading.Condition()
         self._calls: collections.deque[tuple] = collections.deque()
         self._waiting: collections.deque[Job] = collections.deque()
@@ -75,7 +79,8 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+        return (bool(self._threads) and all(t.is_alive() for t in self._threads)
+                and all(getattr(g, "alive", True) for g in self.generators))
 
     def call(self, fn, *args) -> Future:
         """Run ``fn(*args)`` (tokenization, templating) on the worker thread, soon: between two
@@ -90,8 +95,8 @@ class Scheduler:
         return future
 
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._loop, name=f"llmopt-generate-{i}", daemon=True)
-                         for i in range(self.parallel)]
+        self._threads = [threading.Thread(target=self._loop, args=(generator,), name=f"llmopt-generate-{i}",
+                                          daemon=True) for i, generator in enumerate(self.generators)]
         for thread in self._threads:
             thread.start()
 
@@ -111,6 +116,9 @@ class Scheduler:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0))
+        for generator in self.generators:
+            if generator is not self.runtime and hasattr(generator, "close"):
+                generator.close()
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -149,7 +157,7 @@ class Scheduler:
             except Exception as exc:  # handed to the awaiting handler
                 future.set_exception(exc)
 
-    def _loop(self) -> None:
+    def _loop(self, generator) -> None:
         while True:
             with self._cond:
                 while not self._waiting and not self._calls and not self._closing:
@@ -164,19 +172,19 @@ class Scheduler:
                 self._running.add(job)
                 self._publish()
             try:
-                self._generate(job)
+                self._generate(job, generator)
             finally:
                 with self._cond:
                     self._running.discard(job)
                     self._publish()
                 job.finished.set()
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job, generator) -> None:
         self.metrics.observe(self.metrics.queue_wait, time.monotonic() - job.arrived)
         text = TextStream(self.runtime.decode, job.stop, job.min_tokens)
         tokens, finish, first_at = None, None, None
         try:
-            tokens = token_stream(self.runtime, job)
+            tokens = token_stream(generator, job)
             while not job.cancelled.is_set():
                 token = next(tokens, None)
                 if token is None:

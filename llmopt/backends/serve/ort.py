@@ -65,9 +65,9 @@ class OrtOptions(files.DeploymentOptions):
     intra_op_num_threads: int | None = Field(
         None, ge=1, description="CPU threads of one operator (default: ONNX Runtime's choice).")
     max_queue: int = Field(16, ge=0, description="Requests that may wait while others generate (llmopt serve --max-queue).")
-    parallel: int = Field(1, ge=1, description="Requests generated at the same time, each on its own thread over the one "
-                          "loaded model (llmopt serve --parallel); on a CPU, parallel x intra_op_num_threads should not "
-                          "exceed its cores. [tune] searches it.")
+    parallel: int = Field(1, ge=1, description="Requests generated at the same time, each by a worker process with its "
+                          "own copy of the model (llmopt serve --parallel); on a CPU, parallel x intra_op_num_threads "
+                          "should not exceed its cores. [tune] searches the two together.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str | None = Field(
         None, description="A container image with `llmopt[ort,serve]` installed; when set, docker-compose.yaml and "
