@@ -135,6 +135,33 @@ def test_search_finds_a_separable_optimum_within_budget(tmp_path):
     assert len(searched) < 3 * 3 * 2 and len({json.dumps(t["values"]) for t in searched}) == len(searched)
 
 
+def bench_point(score: float) -> dict:
+    return {"points": [{"requests": {"failed": 0}, "goodput": {"requests_per_s": score, "fraction": 1.0},
+                        "slo_met": {"ttft_p99_ms": True}, "load": {}, "ttft_ms": None, "tpot_ms": None, "itl_ms": None,
+                        "e2e_ms": None, "request_throughput": score, "output_throughput": score,
+                        "total_token_throughput": score, "errors": {}}], "target": {}}
+
+
+def test_workers_and_threads_that_share_the_cores_move_together(tmp_path):
+    """What two cores give llmopt serve: two workers of one thread win, but two of two lose to one of two and one
+    of one loses too, so one parameter at a time stays at the default; moving the threads with the workers
+    (cores // workers) finds the winner."""
+    grid = {"parallel": [1, 2], "intra_op_num_threads": [None, 1, 2], "max-queue": [16, 3]}  # as on two cores
+    speed = {(1, None): 33.0, (1, 2): 33.0, (1, 1): 19.0, (2, None): 27.0, (2, 2): 27.0, (2, 1): 38.0}
+
+    def measure(values, out_dir):
+        return bench_point(speed[(values["parallel"], values["intra_op_num_threads"])])
+
+    alone = Search(grid, measure, TrialStore(tmp_path / "alone"), Budget(12, None, 0), goodput=True).execute()
+    assert alone["winner"] == alone["default"]
+    follow = spaces.follow("ort", grid, cpus=2)
+    result = Search(grid, measure, TrialStore(tmp_path / "moved"), Budget(12, None, 0), goodput=True,
+                    follow=follow).execute()
+    assert (result["winner"]["parallel"], result["winner"]["intra_op_num_threads"]) == (2, 1)
+    assert follow("parallel", {"parallel": 4, "intra_op_num_threads": None}) == {"parallel": 4, "intra_op_num_threads": 1}
+
+
+
 # --- the stage against the simulated engine -------------------------------------------------------------------
 
 def test_tune_stage_finds_the_setting_the_simulator_makes_best(tmp_path, tiny_model, monkeypatch, isolated_cache):

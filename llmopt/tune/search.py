@@ -1,7 +1,8 @@
 """The search: coordinate descent over an engine's launch parameters, each trial measured on the live engine.
 
 The first trial is the deploy stage's prediction (the default). Then, one parameter at a time, each
-of its candidates is tried with the others held at the best setting so far; a candidate becomes the
+of its candidates is tried with the others held at the best setting so far (and what ``follow`` moves
+along with it: ONNX Runtime's threads with the number of workers that share the cores); a candidate becomes the
 best when its objective beats the best by more than ``MIN_GAIN`` and none of its requests failed.
 Passes repeat while they improve, within ``max_trials`` and ``max_minutes``. A grid of three
 parameters of three values is 27 trials; coordinate descent finds a separable optimum in 7 and
@@ -78,9 +79,10 @@ class Search:
     """One search: the grid, how to measure a setting, where trials are kept, and the budget."""
 
     def __init__(self, grid: dict[str, list], measure: Measure, store: TrialStore, budget: Budget, goodput: bool,
-                 say=None):
+                 say=None, follow=None):
         self.grid, self.measure, self.store, self.budget, self.goodput = grid, measure, store, budget, goodput
         self.say = say or (lambda message: None)
+        self.follow = follow or (lambda name, values: values)  # what moves along with a parameter (spaces.follow)
         self.trials: list[dict] = []
         self.started = time.monotonic()
         self.stopped = ""
@@ -146,7 +148,7 @@ class Search:
             improved = False
             for name, values in self.grid.items():
                 for value in values:
-                    candidate = best | {name: value}
+                    candidate = self.follow(name, best | {name: value})
                     if key_of(candidate) in tried:
                         continue
                     self.stopped = self.out_of_budget()

@@ -15,6 +15,11 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
 * ``queue`` (``llmopt serve --max-queue``): the prediction and the workload's concurrency - 1, the
   shortest queue that refuses none of its requests.
 
+Worker processes and ONNX Runtime's threads split the same cores, so they are not searched apart: a trial
+of ``parallel`` = N runs each worker with cores // N intra-op threads (``shares``), and the threads are
+then searched with the number of workers found; two workers of two threads on two cores lose to one of
+two, and two of one win, which one parameter at a time would not find.
+
 ``[tune] space`` replaces a parameter's candidates. CUDA graph capture sizes (vLLM, TensorRT-LLM,
 SGLang) are not searched yet.
 """
@@ -45,6 +50,7 @@ class Param:
     key: str  # a dotted path in the file, or the command-line flag (arg)
     grows: str  # size | fraction | threads | slots | queue
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
+    shares: str | None = None  # a parameter that splits the cores with this one: it moves to cores // this
 
 
 VLLM, TRTLLM = ENGINE_DEFAULTS["vllm"], ENGINE_DEFAULTS["trtllm"]  # the pinned engines' own defaults
@@ -61,7 +67,7 @@ SPACES: dict[str, tuple[Param, ...]] = {
     "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "size"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
                Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
-    "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1),
+    "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1, shares="intra_op_num_threads"),
             Param("intra_op_num_threads", "json", "genai_config.json",
                   "model.decoder.session_options.intra_op_num_threads", "threads"),
             Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", 16)),
@@ -112,6 +118,22 @@ def grid(engine: str, folder: Path, concurrency: int, overrides: dict[str, list]
         if len(values) > 1 or param.name in (overrides or {}):
             out[param.name] = values
     return out
+
+
+def follow(engine: str, grid: dict[str, list], cpus: int | None = None):
+    """``follow(name, values)``: ``values`` with what moves along when ``name`` moves (``Param.shares``): the
+    shared parameter at cores // the new value, when that is one of its candidates."""
+    cores = cpus or os.cpu_count() or 1
+    shared = {p.name: p.shares for p in space(engine) if p.shares and p.shares in grid}
+
+    def moved(name: str, values: dict) -> dict:
+        other = shared.get(name)
+        if other is None or not isinstance(values.get(name), int):
+            return values
+        share = max(cores // max(values[name], 1), 1)
+        return values | {other: share} if share in grid[other] else values
+
+    return moved
 
 
 # --- reading and writing a value in a deploy folder ------------------------------------------------------------

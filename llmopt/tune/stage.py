@@ -128,7 +128,7 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
     measure = measurer(options, model_dir, deploy_dir, manifest, cache_root, store.root, say)
     budget = Budget(options.max_trials, options.max_minutes, options.repeats)
     search = Search(grid, measure, store, budget, goodput=any(v is not None for v in options.slo.model_dump().values()),
-                    say=say)
+                    say=say, follow=spaces.follow(options.engine, grid))
     result = search.execute() | {"tuned": True, "engine": options.engine, "store": str(store.root)}
     if not any(t["verdict"] != "failed" for t in result["trials"]):
         result |= {"tuned": False, "reason": "no trial's server started: the launch config stays the prediction"}
