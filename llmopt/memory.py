@@ -23,6 +23,9 @@ Per GPU, with tensor parallel size ``tp`` and pipeline parallel size ``pp``::
     sliding-window layers keep min(sequence length, window) tokens of a sequence, so with them the bytes
     per token are an average over the workload's sequence length (``kv_bytes_per_sequence``).
 
+The per-token figures equal vLLM 0.33.0's own (the sum of its layers' KV cache spec pages over their
+block sizes, ``llmopt.engine_kv``) for every config in tests/data/configs: ``tests/test_engine_kv.py``.
+
 The overheads are assumptions, stated as the constants below; engines profile the real
 figures at start-up, so the predicted capacity is an estimate to plan with, not a promise.
 """
