@@ -77,6 +77,9 @@ def test_candidates_never_start_below_the_prediction():
     assert spaces.candidates(fraction, 0.95, 4) == [0.95]
     assert spaces.candidates(threads, None, 4, cpus=2) == [None, 1, 2]
     assert spaces.candidates(queue, 16, 4) == [16, 3]
+    graph = spaces.Param("p", "yaml", "f", "p", "graph")
+    assert spaces.candidates(graph, None, 4) == [None, 1024]  # vLLM's own (at most 512), then larger decode batches
+    assert spaces.candidates(graph, 256, 4) == [256, 512]
     assert spaces.candidates(slots, 1, 4, cpus=2) == [1, 2]
     assert spaces.candidates(slots, 1, 1, cpus=2) == [1]  # one request in flight: a second slot would idle
 

@@ -8,6 +8,10 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   prediction to the KV cache and the SLO, and starts from the engine's own defaults
   (``llmopt.catalog.engines``), so a search never goes below it;
 * ``fraction`` (the memory share the engine may take): the prediction, +0.03 and 0.95, never above 0.95;
+* ``graph`` (vLLM's largest CUDA-graph batch, ``max-cudagraph-capture-size``): the prediction (vLLM's
+  own when the config names none: twice max-num-seqs, at most 512 below Blackwell, vllm/config/vllm.py
+  of 0.33.0), then 1024: decode batches above 512 run without a graph otherwise, at the cost of
+  capture time and graph memory at start-up;
 * ``threads`` (ONNX Runtime's intra-op threads): ONNX Runtime's own choice (the prediction when the
   deploy config names none) and 1 to the CPUs this machine has;
 * ``slots`` (``llmopt serve --parallel``, requests generated at once): the prediction, then 1 to the
@@ -20,8 +24,8 @@ of ``parallel`` = N runs each worker with cores // N intra-op threads (``shares`
 then searched with the number of workers found; two workers of two threads on two cores lose to one of
 two, and two of one win, which one parameter at a time would not find.
 
-``[tune] space`` replaces a parameter's candidates. CUDA graph capture sizes (vLLM, TensorRT-LLM,
-SGLang) are not searched yet.
+``[tune] space`` replaces a parameter's candidates. CUDA graph capture sizes are searched for vLLM;
+TensorRT-LLM's (``cuda_graph_config.max_batch_size``, planned by the deploy stage) and SGLang's are not.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from llmopt.catalog.engines import ENGINE_DEFAULTS
 from llmopt.errors import StageFailed
 
 MAX_FRACTION = 0.95
+GRAPH_SIZES = [1024]  # vLLM's largest capture size tried beyond its own (at most 512 below Blackwell)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Param:
     where: str  # yaml | json | arg
     file: str  # the file of deploy/<engine>/ that holds it
     key: str  # a dotted path in the file, or the command-line flag (arg)
-    grows: str  # size | fraction | threads | slots | queue
+    grows: str  # size | fraction | graph | threads | slots | queue
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
     shares: str | None = None  # a parameter that splits the cores with this one: it moves to cores // this
 
@@ -58,7 +63,8 @@ SPACES: dict[str, tuple[Param, ...]] = {
     "vllm": (Param("max-num-seqs", "yaml", "config.yaml", "max-num-seqs", "size"),
              Param("max-num-batched-tokens", "yaml", "config.yaml", "max-num-batched-tokens", "size"),
              Param("gpu-memory-utilization", "yaml", "config.yaml", "gpu-memory-utilization", "fraction",
-                   VLLM["gpu_memory_utilization"])),
+                   VLLM["gpu_memory_utilization"]),
+             Param("max-cudagraph-capture-size", "yaml", "config.yaml", "max-cudagraph-capture-size", "graph")),
     "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "size", TRTLLM["max_num_seqs"]),
                Param("max_num_tokens", "yaml", "config.yaml", "max_num_tokens", "size",
                      TRTLLM["max_num_batched_tokens"]),
@@ -96,6 +102,8 @@ def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = No
             return []
         steps = [float(value), round(min(float(value) + 0.03, MAX_FRACTION), 3), MAX_FRACTION]
         return sorted({v for v in steps if v >= float(value)}, key=steps.index)
+    if param.grows == "graph":
+        return list(dict.fromkeys([value, *(GRAPH_SIZES if value is None else [int(value) * 2])]))
     if param.grows == "threads":
         return [value, *[n for n in range(1, (cpus or os.cpu_count() or 1) + 1) if n != value]]
     if param.grows == "slots":
