@@ -26,7 +26,9 @@ copy of the folder whose other files are links).
 
     .venv/bin/python benchmarks/prefill.py --out docs/runs/prefill-cpu.json
 
-llama.cpp runs from its own environment (``--llama-python``), built as ``benchmarks/ort_cpu.py`` says.
+llama.cpp runs from its own environment (``--llama-python``), built as ``benchmarks/ort_cpu.py`` says; on a CPU
+without AVX-512 (``grep avx512 /proc/cpuinfo``) leave out ``-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON`` (or set them
+OFF), else every llama.cpp worker dies with SIGILL (exit -4).
 """
 
 from __future__ import annotations
