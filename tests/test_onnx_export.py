@@ -84,6 +84,38 @@ def test_runtime_generates_like_transformers(fp32_run):
     assert figures["ttft_ms"] > figures["prefill_ms"] and figures["peak_rss_bytes"] > 0
 
 
+@pytest.mark.parametrize("fixture", ["fp32_run", "w4a16_run"])
+def test_generation_runs_the_last_position_graph_and_scoring_the_full_one(fixture, request):
+    """The export writes model.last.onnx (onnx_last); the runtime prefills with it, logits for the last
+    position only, the same as the full graph's last row, and generates the same tokens as the full graph."""
+    import numpy as np
+
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    result = request.getfixturevalue(fixture)
+    model = result.artifact / "model"
+    assert stage(result, "export.onnx")["graphs"] == {"all_logits": "model.onnx", "last_logits": "model.last.onnx"}
+    assert json.loads((model / "genai_config.json").read_text())["model"]["decoder"]["filename"] == "model.onnx"
+    ort = OnnxRuntime(model)
+    ids = ort.encode("The river ran past the old mill and")
+    generator = ort._generator(len(ids) + 1)
+    generator.append_tokens(np.asarray(ids, dtype=np.int32))
+    last = generator.get_output("logits")
+    full = ort.logits(ids)
+    assert last.shape == (1, 1, full.shape[1]) and full.shape[0] == len(ids)
+    np.testing.assert_allclose(last[0, 0], full[-1], rtol=1e-4, atol=1e-4)
+    scoring = ort.scoring_model
+    params = ort.og.GeneratorParams(scoring)
+    params.set_search_options(max_length=len(ids) + 10, min_length=len(ids) + 10, do_sample=False)
+    reference = ort.og.Generator(scoring, params)
+    reference.append_tokens(np.asarray(ids, dtype=np.int32))
+    expected = []
+    while not reference.is_done():
+        reference.generate_next_token()
+        expected.append(int(reference.get_next_tokens()[0]))
+    assert ort.generate(ids, 10, stop_ids=set()) == expected
+
+
 def test_w4a16_checkpoint_is_repacked_and_runs_matmulnbits_on_cpu(w4a16_run):
     export = stage(w4a16_run, "export.onnx")
     assert export["quantized_input"]["repacked"] and export["quantized_input"]["group_size"] == 32

@@ -7,6 +7,9 @@ transformers runtime and baseline and candidate are scored on the same tokens.
 Scoring appends a whole sequence to a fresh ``og.Generator`` and reads the logits of
 every position (``get_output("logits")``); generation keeps the KV cache inside the
 generator (past and present share one buffer), reading back one token id per step.
+Where the export wrote a last-position graph (``graphs.json``, ``onnx_last``), generation
+runs that one, whose prefill skips the LM head at every earlier prompt position, and the
+full graph is loaded the first time something is scored.
 Needs: onnxruntime-genai (the ``ort`` extra), numpy.
 """
 
@@ -20,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
+from llmopt.backends.export import onnx_last
 from llmopt.libraries import require
 from llmopt.errors import StageFailed
 from llmopt.sysinfo import peak_rss_bytes
@@ -39,15 +43,31 @@ class OnnxRuntime:
             raise StageFailed(f"{self.model_dir} has no genai_config.json; it is not an ONNX Runtime GenAI model",
                               fix="export the model with [export] format = \"onnx\"")
         self.config = json.loads((self.model_dir / "genai_config.json").read_text())["model"]
-        config = og.Config(str(self.model_dir))
-        if device == "cpu":  # the folder may be tuned for a GPU EP; run it on the CPU EP here
-            config.clear_providers()
-        self.model = og.Model(config)
+        self.device = device
+        self.graphs = onnx_last.graphs(self.model_dir)
+        self.model = self._load(self.graphs.get("last_logits"))
+        self._scoring = None if self.graphs else self.model
         self.tokenizer = og.Tokenizer(self.model)
         self.bos_id = hf_bos_id(self.model_dir)
         self.special_ids = special_ids(self.model_dir)
         self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
         self.context_length = int(self.config.get("context_length") or 0) or None
+
+    def _load(self, filename: str | None = None):
+        """An og.Model over the folder; ``filename``: another decoder graph than genai_config.json's."""
+        config = self.og.Config(str(self.model_dir))
+        if self.device == "cpu":  # the folder may be tuned for a GPU EP; run it on the CPU EP here
+            config.clear_providers()
+        if filename:
+            config.overlay(json.dumps({"model": {"decoder": {"filename": filename}}}))
+        return self.og.Model(config)
+
+    @property
+    def scoring_model(self):
+        """The graph with logits at every position (genai_config.json's), loaded when first needed."""
+        if self._scoring is None:
+            self._scoring = self._load()
+        return self._scoring
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
         ids = [int(i) for i in self.tokenizer.encode(text)]
@@ -66,14 +86,15 @@ class OnnxRuntime:
         eos = self.config.get("eos_token_id")
         return set(eos if isinstance(eos, list) else [eos]) - {None}
 
-    def _generator(self, total_length: int, **search):
-        params = self.og.GeneratorParams(self.model)
+    def _generator(self, total_length: int, model=None, **search):
+        model = model or self.model
+        params = self.og.GeneratorParams(model)
         params.set_search_options(max_length=total_length, **search)
-        return self.og.Generator(self.model, params)
+        return self.og.Generator(model, params)
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """float32 logits [len(ids), vocab] of one sequence, every position."""
-        generator = self._generator(len(ids) + 1)
+        generator = self._generator(len(ids) + 1, self.scoring_model)
         generator.append_tokens(np.asarray(ids, dtype=np.int32))
         out = generator.get_output("logits")
         if out.shape[1] != len(ids):

@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from llmopt import formats
 from llmopt.backends.base import Options, PlanContext, StageContext
 from llmopt.libraries import require
-from llmopt.backends.export import gguf_layout, gptq_layout, onnx_embedding, onnx_size, onnx_verify
+from llmopt.backends.export import gguf_layout, gptq_layout, onnx_embedding, onnx_last, onnx_size, onnx_verify
 from llmopt.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
@@ -103,6 +103,10 @@ class OnnxExportOptions(Options):
         None, description="Share one table between the embedding and the LM head (tied models only). None: shared "
         "when the model ties them, except around a float LM head of a pre-quantized checkpoint.")
     exclude_lm_head: bool = Field(False, description="Leave the LM head out (the model outputs hidden states; nothing can score it).")
+    last_logits_graph: bool = Field(
+        True, description="Also write model.last.onnx, the same graph and weights with the LM head on the last "
+        "position only, which the onnxruntime runtime (llmopt serve) generates from: a prefill skips the head at "
+        "every other prompt position. model.onnx, which genai_config.json names and scoring uses, is unchanged.")
     builder_options: dict[str, str] = Field(
         default_factory=dict, description="Further KEY=VALUE options for the model builder (e.g. fuse_qkv = \"false\").")
     intra_op_threads: int | None = Field(None, ge=0, description="Threads inside one operator (genai_config session_options); None: ORT's default.")
@@ -230,6 +234,7 @@ class OnnxExport:
             onnx_embedding.quantize_int8(out / "model.onnx", options.block_size, work)
         if carry is not None:
             quantized |= finish_gguf(out / "model.onnx", reader, residuals, ctx)
+        graphs = onnx_last.write(out / "model.onnx") if options.last_logits_graph and not options.exclude_lm_head else None
         copy_tokenizer_files(ctx.model_dir, out)
         tokenizer_fixed = fix_tokenizer_decoder(out / "tokenizer.json")
         tune_genai_config(out / "genai_config.json", options)
@@ -243,6 +248,7 @@ class OnnxExport:
             "quantized_input": quantized,
             "embedding": onnx_embedding.describe(out / "model.onnx"),
             "tokenizer_decoder_fixed": tokenizer_fixed,
+            "graphs": graphs,
             "onnx_bytes": sum(p.stat().st_size for p in out.glob("*.onnx*")),
         }
         if options.verify != "off":

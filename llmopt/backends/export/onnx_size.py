@@ -27,6 +27,7 @@ from llmopt import estimates
 QUANTIZED = ("int4", "int8")
 IO_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 RESIDUAL_GRAPH_BYTES_PER_LAYER = 4_250  # the Q4_1 residual nodes of one layer (SmolLM2: a 391 KB graph, not 263 KB)
+GRAPHS_INDEX_BYTES = 70  # graphs.json (onnx_last)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 
@@ -125,6 +126,8 @@ def layout(options, before: estimates.Layout, info, carried: dict | None, head: 
         residual = carried["residual"]
         graph += int(layers * RESIDUAL_GRAPH_BYTES_PER_LAYER * sum(residual.values()) / max(1, len(residual)))
     files |= {"genai_config.json": estimates.GENAI_CONFIG_BYTES, "model.onnx": graph}
+    if options.last_logits_graph and not options.exclude_lm_head:  # onnx_last: the same nodes, two more
+        files |= {"model.last.onnx": graph, "graphs.json": GRAPHS_INDEX_BYTES}
     notes = before.notes + (f"ONNX Runtime GenAI builder: float tensors in {io}",)
     return estimates.Layout("onnx", io, linears(options, before, info, io, carried), embedding, lm_head,
                             {"rotary cos/sin caches": rotary}, 2, files, 0, notes)
