@@ -10,8 +10,13 @@ transformers as the float baseline), a 128-token prompt of ``builtin:prose-eval`
 round after round, so that a change of load on a shared machine falls on every peer alike; each
 round keeps the median step of its run, the result is the median over rounds.
 
+``compare`` puts two llmopt runs of one recipe at two accuracy levels side by side: for each eval in
+both reports, level 4's candidate against level 1's on the same windows or questions, with the gate's
+paired statistic and 95% interval (``llmopt.gate.compare``), level 1 in the baseline's place.
+
     .venv/bin/python benchmarks/ort_levels.py score MODEL_DIR 12 out.jsonl fiction code
     .venv/bin/python benchmarks/ort_levels.py decode 5 out.json acc4=ort:DIR1 acc1=ort:DIR2 bf16=hf:DIR3:bfloat16
+    .venv/bin/python benchmarks/ort_levels.py compare ART_LEVEL1/reports ART_LEVEL4/reports out.json
 """
 
 from __future__ import annotations
@@ -97,6 +102,23 @@ def decode(rounds: int, out: str, specs: list[str]) -> None:
         print(f"{k}: {v['median_of_p50_ms']:.2f} ms/token ({1000 / v['median_of_p50_ms']:.1f} tok/s)")
 
 
+def compare(level1: str, level4: str, out: str) -> None:
+    from llmopt import gate
+
+    reports = [json.loads((Path(d) / "report.json").read_text()) for d in (level1, level4)]
+    gates = [{g["name"]: g for g in r["gates"]} for r in reports]
+    rows = {}
+    for name in (n for n in gates[1] if n in gates[0]):
+        files = [Path(d) / g[name]["scores"]["candidate"] for d, g in zip((level1, level4), gates)]
+        scores = [gate.read_scores(f) for f in files]
+        c = gate.compare(gates[1][name]["metric"], scores[0], scores[1], 0.95)
+        rows[name] = {k: c[k] for k in ("metric", "n", "baseline", "candidate", "delta", "ci", "method", "unpaired")}
+        print(f"{name}: level 1 {c['baseline']:.4f}, level 4 {c['candidate']:.4f}, n {c['n']}, "
+              f"delta {c['delta']:+.5f} [{c['ci'][0]:+.5f}, {c['ci'][1]:+.5f}] ({c['method']})")
+    Path(out).write_text(json.dumps({"level1": level1, "level4": level4, "confidence": 0.95,
+                                     "level4_against_level1": rows}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,9 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("rounds", type=int)
     d.add_argument("out")
     d.add_argument("peers", nargs="+", help="LABEL=ort:DIR or LABEL=hf:DIR[:DTYPE]")
+    c = sub.add_parser("compare", help="level 4's candidate scores against level 1's, eval by eval")
+    c.add_argument("level1", help="reports folder of the level-1 run (report.json and its scores files)")
+    c.add_argument("level4", help="reports folder of the level-4 run")
+    c.add_argument("out")
     args = parser.parse_args(argv)
     if args.command == "score":
         score(args.model_dir, args.windows, args.out, args.domains)
+    elif args.command == "compare":
+        compare(args.level1, args.level4, args.out)
     else:
         decode(args.rounds, args.out, args.peers)
     return 0
