@@ -304,6 +304,9 @@ def bench_markdown(bench: dict) -> str:
                  f"{good['requests_per_s']:.2f} ({good['fraction']:.0%})" if good else "-",
                  ", ".join(f"{k} {n}" for k, n in p["errors"].items()) or "-"]
         lines.append("| " + " | ".join(cells) + " |")
+    from llmopt.bench.report import split_table
+
+    lines += split_table(bench.get("split"))
     return "\n".join(lines) + "\n"
 
 

@@ -120,3 +120,29 @@ def test_sent_fields_and_token_counts(measured):
     point = result["points"][0]
     assert point["output_tokens_mean"] == N_OUT and point["input_tokens_mean"] == 8
     assert point["output_throughput"] == pytest.approx(N_OUT * point["request_throughput"], rel=1e-3)
+
+
+def test_prefill_decode_split_matches_the_truth(tmp_path):
+    """The split (one request at a time at each prompt length): TTFT and TPOT medians within 2% (or 1 ms) of the
+    server's own stamps, prefill and decode rates derived from them, every answer its full length."""
+    lengths = [64, 256]
+    with favoured(), Running("--owned-by", "vllm") as server:
+        result = run_bench(server.url, {"input_len": 8, "output_len": 4}, None,
+                           {"concurrency": [1], "requests": 2, "warmup": 0, "vocab_size": 1000, "plots": False,
+                            "split": lengths, "split_requests": 5, "split_output_len": 12}, tmp_path)
+        truth = server.truth()
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    split = result["split"]
+    assert [r["input_len"] for r in split["lengths"]] == lengths and split["skipped_lengths"] == []
+    for got in split["lengths"]:
+        ids = [r["id"] for r in rows if r.get("split") == got["input_len"] and not r["warmup"]]
+        assert len(ids) == 5 and got["requests"] == {"sent": 5, "ok": 5, "failed": 0}
+        assert all(len(truth[i]["sent"]) == 12 and "ignore_eos" in truth[i]["keys"] for i in ids)
+        t = truth_rows(truth, ids)
+        want_ttft, want_tpot = float(np.median(t["ttft_ms"])), float(np.median(t["tpot_ms"]))
+        assert abs(got["ttft_ms"] - want_ttft) <= max(0.02 * want_ttft, 1.0), (got, want_ttft)
+        assert abs(got["tpot_ms"] - want_tpot) <= max(0.02 * want_tpot, 1.0), (got, want_tpot)
+        assert got["prompt_tokens"] == got["input_len"]
+        assert got["prefill_tokens_per_s"] == pytest.approx(got["input_len"] / got["ttft_ms"] * 1e3, rel=0.05)
+        assert got["decode_tokens_per_s"] == pytest.approx(1e3 / got["tpot_ms"], rel=0.05)
+    assert "Prefill / decode split" in (tmp_path / "bench.md").read_text()

@@ -40,22 +40,29 @@ def test_bench_artifact_through_llmopt_serve(tmp_path, tiny_artifact, isolated_c
     point = result["points"][0]
     assert point["load"] == {"kind": "concurrency", "value": 2.0}
     assert point["requests"] == {"sent": 4, "ok": 4, "failed": 0}, point["errors"]
-    assert point["input_tokens_mean"] == 24 and 1 <= point["output_tokens_mean"] <= 6
+    assert point["input_tokens_mean"] == 24 and point["output_tokens_mean"] == 6  # ignore_eos: every answer is full
     for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert set(point[metric]) == {"mean", "p50", "p90", "p95", "p99"}
     assert point["goodput"]["requests"] == 4 and point["slo_met"] == {"ttft_p99_ms": True}
     sent = result["client"]["sent"]
-    assert sent["prompt"] == "token ids" and sent["vocab_size"] and not sent["ignore_eos"]
-    assert "ignore_eos" not in sent["fields"]  # llmopt serve answers 400 to arguments it does not know
-    assert (out / "bench.md").read_text().count("| c=2 |") == 1
-    assert len((out / "requests.jsonl").read_text().splitlines()) == 4 + 2  # warm-up: one round of 2
+    assert sent["prompt"] == "token ids" and sent["vocab_size"] and sent["ignore_eos"] and "ignore_eos" in sent["fields"]
+    # the prefill / decode split by default against llmopt serve: of 128, 512 and 2048 prompt tokens only 128 fits
+    # the served context (256) with its 32 output tokens
+    split = result["split"]
+    assert [row["input_len"] for row in split["lengths"]] == [128] and split["skipped_lengths"] == [512, 2048]
+    row = split["lengths"][0]
+    assert row["requests"] == {"sent": 3, "ok": 3, "failed": 0} and row["prompt_tokens"] == 128
+    assert row["prefill_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0
+    markdown = (out / "bench.md").read_text()
+    assert markdown.count("| c=2 |") == 1 and "| 128 | 3 / 3 |" in markdown
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 4 + 2 + 3 + 1  # warm-up: one round of 2; split
     assert not alive(result["target"]["started"]["pid"])
     assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         pytest.skip("matplotlib is not installed: no plots to check")
-    assert result["files"]["plots"] == ["latency.png", "throughput.png"]
+    assert result["files"]["plots"] == ["latency.png", "throughput.png", "split.png"]
     for name in result["files"]["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -90,8 +90,9 @@ def test_server_kind_and_bodies():
     assert all(len(b["prompt"]) == 50 and all(8 <= t < 460 for t in b["prompt"]) for b in bodies)
     assert len({tuple(b["prompt"]) for b in bodies}) == 20  # no two prompts alike
     assert all(b["ignore_eos"] is True and b["max_tokens"] == 7 and b["stream"] for b in bodies)
-    plain = json.loads(wl.bodies(work, BenchOptions(), "m", "llmopt", None, 1, seed=1)[0])
+    plain = json.loads(wl.bodies(work, BenchOptions(), "m", "unknown", None, 1, seed=1)[0])
     assert set(plain) == {"model", "prompt", "max_tokens", "temperature", "stream", "stream_options"}
+    assert json.loads(wl.bodies(work, BenchOptions(), "m", "llmopt", None, 1, seed=1)[0])["ignore_eos"] is True
     assert len(plain["prompt"].split()) == 50
     chat = json.loads(wl.bodies(work, BenchOptions(endpoint="chat", ignore_eos=True), "m", "llmopt", 512, 1, 1)[0])
     assert chat["messages"][0]["role"] == "user" and chat["ignore_eos"] is True and "prompt" not in chat
@@ -164,3 +165,24 @@ def test_cli_json_output(tmp_path, capsys):
         pytest.skip("matplotlib is not installed: no plots to check")
     assert result["files"]["plots"] == ["latency.png", "throughput.png"]
     assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in result["files"]["plots"])
+
+
+@pytest.mark.parametrize("server, context, asked, expect", [
+    ("llmopt", 600, None, ([128, 512], [2048])),  # the default lengths that fit the context with 32 output tokens
+    ("llmopt", None, None, ([128, 512, 2048], [])),
+    ("llmopt", 600, [], ([], [])),  # asked for none
+    ("vllm", 4096, None, ([], [])),  # not measured against a GPU engine unless asked
+    ("vllm", 4096, [1024, 4090], ([1024], [4090])),
+])
+def test_split_lengths(server, context, asked, expect):
+    from llmopt.bench import split
+
+    assert split.lengths(BenchOptions(split=asked), server, context) == expect
+
+
+def test_split_off_on_the_command_line(tmp_path, capsys):
+    with Running("--owned-by", "llmopt") as server:
+        code = main(["bench", server.url, "--input-len", "4", "--output-len", "3", "-c", "1", "-n", "2", "--warmup", "0",
+                     "--vocab-size", "100", "--split", "off", "--no-plots", "-o", str(tmp_path), "--format", "json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["split"] is None and result["options"]["split"] == []

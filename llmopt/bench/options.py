@@ -46,6 +46,12 @@ class BenchOptions(BaseModel):
         "auto", description="For a folder target: what to start. auto: the artifact's deploy/<engine>/launch.sh "
         "(vllm, sglang, trtllm, ort), else llmopt serve.")
     port: Optional[int] = Field(None, ge=1, le=65535, description="Port of a started engine (default: a free one).")
+    split: Optional[list[int]] = Field(
+        None, description="Prompt lengths of the prefill / decode split (prompt and decode tokens/s, one request at a "
+        "time). None: 128, 512 and 2048 against llmopt serve (those that fit its context), none against other "
+        "servers; []: no split.")
+    split_requests: int = Field(3, ge=1, description="Requests at each prompt length of the split.")
+    split_output_len: int = Field(32, ge=2, description="Output tokens of each split request.")
     seed: int = Field(0, description="Seed of prompts and Poisson arrivals.")
     plots: bool = Field(True, description="Write PNG plots (needs matplotlib, the bench extra).")
 

@@ -3,7 +3,8 @@
 Plots (matplotlib, the ``bench`` extra; skipped with a note when it is missing):
 ``latency.png``, TTFT / TPOT / ITL / end-to-end p50 and p99 against the concurrency, and
 ``throughput.png``, output tokens/s, requests/s and goodput against the concurrency
-(``latency-rate.png`` and ``throughput-rate.png`` for Poisson-rate points).
+(``latency-rate.png`` and ``throughput-rate.png`` for Poisson-rate points), and ``split.png``,
+prefill and decode tokens/s against the prompt length (the prefill / decode split).
 """
 
 from __future__ import annotations
@@ -46,7 +47,29 @@ def markdown(result: dict) -> str:
     if result.get("saturation"):
         s = result["saturation"]
         lines += ["", f"Saturation: {s['reason']}; highest request throughput at concurrency {s['best_concurrency']:g}."]
+    lines += split_table(result.get("split"))
     return "\n".join(lines) + "\n"
+
+
+def split_table(split: dict | None) -> list[str]:
+    """The prefill / decode split as markdown lines ([] without one)."""
+    if not split:
+        return []
+
+    def num(value, form):
+        return "-" if value is None else format(value, form)
+
+    lines = ["", f"Prefill / decode split: {split['requests_per_length']} requests at each prompt length, one at a "
+             f"time, {split['output_len']} output tokens each; medians.", "",
+             "| prompt tokens | ok / sent | TTFT ms | prefill tok/s | TPOT ms | decode tok/s |", "|---|---|---|---|---|---|"]
+    for row in split["lengths"]:
+        lines.append(f"| {row['input_len']} | {row['requests']['ok']} / {row['requests']['sent']} | "
+                     f"{num(row['ttft_ms'], '.1f')} | {num(row['prefill_tokens_per_s'], '.0f')} | "
+                     f"{num(row['tpot_ms'], '.1f')} | {num(row['decode_tokens_per_s'], '.1f')} |")
+    if split.get("skipped_lengths"):
+        lines += ["", "Left out (prompt and output longer than the served context): "
+                  + ", ".join(str(n) for n in split["skipped_lengths"]) + " tokens."]
+    return lines
 
 
 def plots(result: dict, out_dir: Path) -> tuple[list[str], str | None]:
@@ -66,7 +89,33 @@ def plots(result: dict, out_dir: Path) -> tuple[list[str], str | None]:
             latency_plot(plt, result, same, kind, out_dir / f"latency{suffix}.png")
             throughput_plot(plt, result, same, kind, out_dir / f"throughput{suffix}.png")
             written += [f"latency{suffix}.png", f"throughput{suffix}.png"]
+    if (result.get("split") or {}).get("lengths"):
+        split_plot(plt, result, out_dir / "split.png")
+        written.append("split.png")
     return written, None if written else "no points"
+
+
+def split_plot(plt, result: dict, path: Path) -> None:
+    """Prefill and decode tokens/s against the prompt length."""
+    rows = result["split"]["lengths"]
+    x = [row["input_len"] for row in rows]
+    nan = float("nan")
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    ax.plot(x, [row["prefill_tokens_per_s"] or nan for row in rows], "o-", label="prefill (prompt tokens/s)")
+    ax.set(xlabel="prompt tokens", ylabel="prompt tokens/s", title=f"Prefill / decode: {result['target']['model']}")
+    if len(x) > 1:
+        ax.set_xscale("log", base=2)
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+    right = ax.twinx()
+    right.plot(x, [row["decode_tokens_per_s"] or nan for row in rows], "s--", color="tab:orange",
+               label="decode (output tokens/s, one request)")
+    right.set_ylabel("output tokens/s")
+    handles = [h for a in (ax, right) for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles, [h.get_label() for h in handles], loc="best")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _xlabel(kind: str) -> str:

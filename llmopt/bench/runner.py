@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from llmopt.bench import client, engine, metrics, report, workload as wl
+from llmopt.bench import client, engine, metrics, report, split, workload as wl
 from llmopt.bench.options import SLO, BenchOptions, Workload
 from llmopt.errors import StageFailed, UsageError
 
@@ -99,6 +99,8 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
         points.append(run_point(ctx, index, kind, value, options.requests, workload, options, say))
     if options.sweep:
         saturation = sweep(ctx, points, workload, options, say)
+    split_lengths, skipped = split.lengths(options, server, split.served_context(models))
+    prefill_decode = split.measure(ctx, options, split_lengths, skipped, say)
     result = {
         "schema_version": SCHEMA_VERSION,
         "target": {"url": url, "model": model, "server": server, "started": started,
@@ -106,7 +108,7 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
         "workload": workload.model_dump(), "slo": slo.model_dump(), "options": options.model_dump(),
         "client": {"kind": "llmopt asyncio client (aiohttp)", "aiohttp": _version("aiohttp"),
                    "sent": wl.sent_fields(options, server, vocab)},
-        "points": points, "saturation": saturation, "out_dir": str(out_dir),
+        "points": points, "saturation": saturation, "split": prefill_decode, "out_dir": str(out_dir),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)), "duration_s": round(time.time() - began, 2),
     }
     report.write_all(result, rows, out_dir, options.plots)
@@ -177,7 +179,7 @@ def recorded_settings(target: str | Path) -> dict:
     recipe = (json.loads(manifest.read_text()).get("recipe") or {}).get("resolved") or {}
     serve, section = recipe.get("serve") or {}, recipe.get("bench") or {}
     return {"workload": serve.get("workload") or {}, "slo": serve.get("slo") or {},
-            "options": {k: section[k] for k in ("requests", "warmup", "repeats") if k in section}}
+            "options": {k: section[k] for k in ("requests", "warmup", "repeats", "split") if k in section}}
 
 
 def default_out_dir(target: str | Path) -> Path:

@@ -44,12 +44,14 @@ class BenchStageOptions(ServedLoad):
     """What the bench stage measures: from [serve] (engine, workload, SLO) and [bench]."""
 
     repeats: int = Field(ge=1, description="[bench] repeats: runs of the point; figures are the medians.")
+    split: list[int] | None = Field(None, description="[bench] split: prompt lengths of the prefill / decode split "
+                                    "(None: the default lengths for llmopt serve).")
 
 
 def bench_options(recipe) -> BenchStageOptions:
     serve, bench = recipe.serve, recipe.bench
     return BenchStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo, requests=bench.requests,
-                             warmup=bench.warmup, repeats=bench.repeats)
+                             warmup=bench.warmup, repeats=bench.repeats, split=bench.split)
 
 
 def plan_problems(loaded) -> list[Problem]:
@@ -85,7 +87,7 @@ class BenchStage:
         target = ctx.out_dir / "target"
         lay_out(target, ctx, options.engine)
         run = BenchOptions(requests=options.requests, warmup=options.warmup, repeats=options.repeats,
-                           engine=options.engine)
+                           engine=options.engine, split=options.split)
         try:
             result = run_bench(target, options.workload, options.slo, run, ctx.out_dir, cache_dir=ctx.cache_root,
                                say=ctx.progress)
@@ -119,6 +121,7 @@ def outputs(result: dict) -> dict:
         "workload": result["workload"], "slo": result["slo"],
         "options": {k: result["options"][k] for k in ("requests", "warmup", "repeats")},
         "points": [point_figures(p) for p in result["points"]],
+        "split": result.get("split"),
         "files": {"json": "bench.json", "markdown": "bench.md", "requests": "requests.jsonl", "log": "engine.log",
                   "plots": result["files"].get("plots", [])},
         "duration_s": result["duration_s"],

@@ -8,11 +8,10 @@ results report).
 
 What is sent: ``model``, the prompt, ``max_tokens``, ``temperature: 0``, ``stream: true``
 and ``stream_options: {include_usage: true}``, which every OpenAI-compatible server
-accepts, including ``llmopt serve`` (strict: it answers 400 to an argument it does not
-know). Servers that accept it (vLLM, SGLang, TensorRT-LLM, told apart by ``owned_by`` in
-GET /v1/models) also get ``ignore_eos: true``, so every answer is ``output_len`` tokens
-long. Once ``llmopt serve`` accepts them, it would get ``ignore_eos``, ``min_tokens`` and
-``stream_options.continuous_usage_stats`` (tokens per chunk) too.
+accepts. Servers that accept it (vLLM, SGLang, TensorRT-LLM and ``llmopt serve``, told
+apart by ``owned_by`` in GET /v1/models) also get ``ignore_eos: true``, so every answer
+is ``output_len`` tokens long; a server of another kind may refuse an argument it does
+not know (OpenAI's API answers 400), so it gets only the fields above.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "down should because each just those people how too little state good very make world still own see men work "
          "long get here between both life being under never day same another know while last might us great old year "
          "off come since against go came right used take three").split()
-IGNORE_EOS_SERVERS = ("vllm", "sglang", "tensorrt", "trtllm")
+IGNORE_EOS_SERVERS = ("vllm", "sglang", "tensorrt", "trtllm", "llmopt")
 
 
 def server_kind(models: dict) -> str:

@@ -34,6 +34,7 @@ def bench(
     port: Annotated[Optional[int], typer.Option(help="Port for a started server (default: a free one).")] = None,
     ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos (default: only to vLLM, SGLang, TensorRT-LLM).")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size, for token-id prompts to a URL.")] = None,
+    split: Annotated[Optional[list[str]], typer.Option("--split", help="Prompt lengths of the prefill / decode split, one request at a time: --split 128,512,2048; --split off: none. Default: 128, 512, 2048 against llmopt serve (those that fit its context), none against other servers.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompts and of the Poisson arrivals.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
     startup_timeout: Annotated[float, typer.Option(help="Seconds a started server may take to answer /health.")] = 1200.0,
@@ -61,7 +62,7 @@ def bench(
     options = {"concurrency": _numbers(concurrency, int, "--concurrency"), "rate": _numbers(rate, float, "--rate"),
                "sweep": sweep, "max_concurrency": max_concurrency, "endpoint": endpoint, "model": model, "engine": engine,
                "port": port, "ignore_eos": ignore_eos, "vocab_size": vocab_size, "seed": seed, "request_timeout_s": timeout,
-               "startup_timeout_s": startup_timeout, "plots": plots,
+               "startup_timeout_s": startup_timeout, "plots": plots, "split": _split(split),
                **{k: v for k, v in (("requests", requests), ("warmup", warmup), ("repeats", repeats)) if v is not None}}
     from llmopt.bench.engine import Interrupted
 
@@ -82,6 +83,15 @@ def _numbers(values: list[str] | None, kind, flag: str) -> list:
     if any(n <= 0 for n in numbers):
         raise UsageError(f"{flag} takes positive numbers", fix=f"e.g. {flag} 1,4,16")
     return numbers
+
+
+def _split(values: list[str] | None) -> list[int] | None:
+    """--split: None when not given (the default lengths), [] for `off`, else the lengths."""
+    if not values:
+        return None
+    if [v.strip().lower() for v in values] == ["off"]:
+        return []
+    return _numbers(values, int, "--split")
 
 
 def _slo(values: list[str] | None) -> dict:
@@ -118,10 +128,17 @@ def _valid(options: dict) -> dict:
 def _show(console, result: dict, output: Path | None) -> None:
     from llmopt.bench.report import markdown
 
-    table = [line for line in markdown(result).splitlines() if line.startswith("|")]
+    from llmopt.bench.report import split_table
+
+    text = markdown(result)
+    if result.get("split"):
+        text = text[: text.index("\nPrefill / decode split:")]
+    table = [line for line in text.splitlines() if line.startswith("|")]
     console.print("\n".join(table), markup=False)
     if result.get("saturation"):
         console.print(f"saturation: {result['saturation']['reason']}", markup=False)
+    if result.get("split"):
+        console.print("\n".join(line for line in split_table(result["split"]) if line), markup=False)
     files = result.get("files", {})
     console.print(f"results: {result.get('out_dir', output)} ({', '.join([files.get('json', ''), files.get('markdown', ''), *files.get('plots', [])])})",
                   markup=False)

@@ -10,7 +10,7 @@ recipe reference in ``docs/recipe.md`` is generated from them.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -173,6 +173,10 @@ class BenchSection(Section):
     warmup: int = Field(4, ge=0, description="Requests sent and left out before measuring (at a concurrency point at "
                         "least one round of it).")
     repeats: int = Field(3, ge=1, description="Repeats of each point; reports give the median.")
+    split: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="Prompt lengths of the prefill / decode split (prompt and decode tokens/s, one request at "
+        "a time). Default: 128, 512 and 2048 for the ort backend (llmopt serve), those that fit max_model_len; "
+        "none for the GPU engines. [] for none.")
 
 
 class TuneSection(Section):
