@@ -193,12 +193,16 @@ def test_ort_artifact_is_benched_through_llmopt_serve(tmp_path, tiny_model, isol
     body = (f'schema_version = 1\nname = "tiny-ort"\n\n[model]\nsource = "{tiny_model}"\n\n'
             '[export]\nformat = "onnx"\nprecision = "fp32"\nintra_op_threads = 1\n\n'
             '[serve]\nbackend = "ort"\nmax_model_len = 256\nworkload = { input_len = 16, output_len = 4, concurrency = 1 }\n\n'
-            '[bench]\nenabled = true\nrequests = 4\nwarmup = 1\nrepeats = 1\n')
+            '[bench]\nenabled = true\nrequests = 4\nwarmup = 1\nrepeats = 1\nsplit = [64]\n')
     art = tmp_path / "art"
     res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
     assert res.returncode == 0, res.stderr
     bench = json.loads((art / "manifest.json").read_text())["bench"]
     assert bench["engine"] == "ort" and bench["points"][0]["requests"]["ok"] == 4
+    # [bench] split = [64]: the prefill / decode split in the manifest and report.md
+    assert [row["input_len"] for row in bench["split"]["lengths"]] == [64]
+    assert bench["split"]["lengths"][0]["prefill_tokens_per_s"] > 0
+    assert "| 64 | 3 / 3 |" in (art / "reports" / "report.md").read_text()
     result = json.loads((art / "reports" / "bench" / "bench.json").read_text())
     assert result["target"]["server"] == "llmopt" and "launch.sh" in " ".join(result["target"]["started"]["argv"])
     assert server_gone(result["target"]["started"]["pid"]) and not list(engine.pid_dir(isolated_cache).glob("*.json"))

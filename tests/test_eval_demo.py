@@ -27,6 +27,7 @@ QA = """
 name = "qa"
 kind = "generation"
 data = "builtin:qa"
+limit = 50             # of 150: the answers take about a second each on two cores
 chat_template = true   # an instruct model answers in sentences ("3 + 4 = 7"),
 match = "contains"     # so the answer is looked for in the reply
 """
@@ -60,8 +61,8 @@ def test_demo_model_short_answers(tmp_path, demo_cache):
     qa = result.report["evals"]["eval.qa"]
     print(f"\nbuiltin:qa, SmolLM2-135M-Instruct: exact_match {qa['value']:.3f}, n={qa['n']}, "
           f"{seconds(result, 'eval.qa'):.0f}s")
-    assert qa["n"] == 150
-    assert qa["value"] >= 0.4  # measured 0.61 (exact match without the chat template: 0.02, the model echoes)
+    assert qa["n"] == 50
+    assert qa["value"] >= 0.4  # measured 0.61 on all 150 (exact match without the chat template: 0.02, the model echoes)
 
 
 def rtn_2bit(source: Path, folder: Path, group: int = 64) -> Path:
