@@ -105,13 +105,14 @@ def split_plot(plt, result: dict, path: Path) -> None:
     ax.set(xlabel="prompt tokens", ylabel="prompt tokens/s", title=f"Prefill / decode: {result['target']['model']}")
     if len(x) > 1:
         ax.set_xscale("log", base=2)
-        from matplotlib.ticker import ScalarFormatter
-
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xticks(x, [str(n) for n in x])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
     right = ax.twinx()
     right.plot(x, [row["decode_tokens_per_s"] or nan for row in rows], "s--", color="tab:orange",
                label="decode (output tokens/s, one request)")
     right.set_ylabel("output tokens/s")
+    right.set_ylim(bottom=0)
     handles = [h for a in (ax, right) for h in a.get_legend_handles_labels()[0]]
     ax.legend(handles, [h.get_label() for h in handles], loc="best")
     fig.savefig(path, dpi=100)
