@@ -186,3 +186,16 @@ def test_split_off_on_the_command_line(tmp_path, capsys):
                      "--vocab-size", "100", "--split", "off", "--no-plots", "-o", str(tmp_path), "--format", "json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["split"] is None and result["options"]["split"] == []
+
+
+def test_an_artifacts_recorded_split_is_kept_unless_the_command_line_sets_one(tmp_path, monkeypatch):
+    from llmopt import api
+    from llmopt.bench import runner as bench_runner
+
+    resolved = {"serve": {"workload": {"input_len": 8}}, "bench": {"requests": 2, "split": [64]}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"resolved": resolved}}))
+    seen = []
+    monkeypatch.setattr(bench_runner, "run_bench", lambda target, w, s, options, *a, **k: seen.append(options) or {})
+    for args, expect in ((["-n", "2"], [64]), (["--split", "off"], []), (["--split", "128"], [128])):
+        assert main(["bench", str(tmp_path), *args, "-o", str(tmp_path / "out"), "--format", "json"]) == 0
+        assert seen[-1]["split"] == expect, args

@@ -62,8 +62,9 @@ def bench(
     options = {"concurrency": _numbers(concurrency, int, "--concurrency"), "rate": _numbers(rate, float, "--rate"),
                "sweep": sweep, "max_concurrency": max_concurrency, "endpoint": endpoint, "model": model, "engine": engine,
                "port": port, "ignore_eos": ignore_eos, "vocab_size": vocab_size, "seed": seed, "request_timeout_s": timeout,
-               "startup_timeout_s": startup_timeout, "plots": plots, "split": _split(split),
-               **{k: v for k, v in (("requests", requests), ("warmup", warmup), ("repeats", repeats)) if v is not None}}
+               "startup_timeout_s": startup_timeout, "plots": plots,
+               **{k: v for k, v in (("requests", requests), ("warmup", warmup), ("repeats", repeats),
+                                    ("split", _split(split))) if v is not None}}
     from llmopt.bench.engine import Interrupted
 
     try:
@@ -128,10 +129,7 @@ def _valid(options: dict) -> dict:
 def _show(console, result: dict, output: Path | None) -> None:
     from llmopt.bench.report import markdown, split_table
 
-    text = markdown(result)
-    if result.get("split"):
-        text = text[: text.index("\nPrefill / decode split:")]
-    table = [line for line in text.splitlines() if line.startswith("|")]
+    table = [line for line in markdown(dict(result, split=None)).splitlines() if line.startswith("|")]
     console.print("\n".join(table), markup=False)
     if result.get("saturation"):
         console.print(f"saturation: {result['saturation']['reason']}", markup=False)
