@@ -24,7 +24,9 @@ Per GPU, with tensor parallel size ``tp`` and pipeline parallel size ``pp``::
     per token are an average over the workload's sequence length (``kv_bytes_per_sequence``).
 
 The per-token figures equal vLLM 0.33.0's own (the sum of its layers' KV cache spec pages over their
-block sizes, ``llmopt.engine_kv``) for every config in tests/data/configs: ``tests/test_engine_kv.py``.
+block sizes, ``llmopt.engine_kv``) and, for SGLang, SGLang 0.5.23's pool cell size (``sglang_cell_bytes``:
+no sliding-window discount outside its hybrid architectures, a 0.8 second pool for theirs) for every config
+in tests/data/configs: ``tests/test_engine_kv.py``.
 
 The overheads are assumptions, stated as the constants below; engines profile the real
 figures at start-up, so the predicted capacity is an estimate to plan with, not a promise.
@@ -161,8 +163,35 @@ def kv_bytes_per_sequence(info: ModelInfo, kv_bytes: float, seq_len: int, tp: in
     return int(per_layer * tokens)
 
 
+# SGLang 0.5.23 keeps sliding-window layers in a pool of their own only for these architectures
+# (configs/model_config.py: is_hybrid_swa_model, SWA_SINK_ARCHS); other models with sliding-window layers
+# (Gemma 2 and 3, Mistral) get one pool in which every layer keeps every token. The SWA pool holds
+# swa_full_tokens_ratio (0.8 by default) tokens per token of the full pool.
+SGLANG_HYBRID_SWA = frozenset({
+    "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM", "BeamForCausalLM",
+    "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM",
+    "Step3p5ForCausalLM",
+    "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "LagunaForCausalLM",
+    "MellumForCausalLM", "MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration",
+    "InklingForConditionalGeneration"})
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
+
+
+def sglang_cell_bytes(info: ModelInfo, kv_bytes: float, tp: int = 1, pp: int = 1) -> int:
+    """SGLang 0.5.23's KV bytes per token of its pool on one GPU (its ``_cell_size``, rounded up): every layer in
+    full (``DefaultPoolConfigurator._compute_cell_size``), or for its hybrid sliding-window architectures the
+    full-attention layers plus ``SGLANG_SWA_FULL_TOKENS_RATIO`` of the sliding ones
+    (``HybridSWAPoolConfigurator._recompute_cell_size``). Checked against SGLang's own code:
+    tests/data/engine_kv/sglang-0.5.23.json."""
+    per_layer = info.kv_values_per_layer(tp) * kv_bytes
+    if info.sliding_layers and SGLANG_HYBRID_SWA.intersection(info.architectures):
+        full, sliding = info.num_layers - info.sliding_layers, info.sliding_layers
+        return math.ceil(per_layer * (math.ceil(full / pp) + SGLANG_SWA_FULL_TOKENS_RATIO * math.ceil(sliding / pp)))
+    return int(math.ceil(info.num_layers / pp) * per_layer)
+
+
 def kv_bytes_per_token_per_gpu(info: ModelInfo, kv_bytes: float, tp: int = 1, pp: int = 1,
-                               seq_len: int | None = None) -> int:
+                               seq_len: int | None = None, engine: str | None = None) -> int:
     """KV cache bytes of one token on one GPU (with tp = pp = 1: of the whole model); with ``seq_len``, the
     average over a sequence of that length (sliding-window layers keep at most their window), else every
     layer charged in full.
@@ -170,7 +199,10 @@ def kv_bytes_per_token_per_gpu(info: ModelInfo, kv_bytes: float, tp: int = 1, pp
     MLA (``kv_lora_rank``) keeps kv_lora_rank + qk_rope_head_dim values per token and layer, one copy on every
     tensor-parallel rank: vLLM's MLAAttentionSpec (v1/kv_cache_interface.py: block_size x 1 KV head x
     head_size x dtype, head_size = kv_lora_rank + qk_rope_head_dim, no factor 2 for K and V) and SGLang's
-    MLATokenToKVPool. Other attention keeps K and V of its share of the KV heads."""
+    MLATokenToKVPool. Other attention keeps K and V of its share of the KV heads. SGLang (``engine``) sizes
+    sliding-window layers its own way: ``sglang_cell_bytes``."""
+    if engine == "sglang":
+        return sglang_cell_bytes(info, kv_bytes, tp, pp)
     if seq_len and info.sliding_layers:
         return math.ceil(kv_bytes_per_sequence(info, kv_bytes, seq_len, tp, pp) / seq_len)
     return int(math.ceil(info.num_layers / pp) * info.kv_values_per_layer(tp) * kv_bytes)
@@ -224,9 +256,9 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         per_gpu_weights = math.ceil(weight_bytes / (tp * pp))
         over = overhead_bytes(info, tp, pp, batched, seqs, eager)
         budget = kv_budget(own_budget, gpu, util, per_gpu_weights, over, batched, tp, pp)
-        per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, seq_len)
+        per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, seq_len, engine)
         tokens = max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
-        full = _full_length_tokens(info, kv_bytes, tp, pp, budget, max_model_len, tokens)
+        full = _full_length_tokens(info, kv_bytes, tp, pp, budget, max_model_len, tokens, engine)
         fits = full >= max_model_len and tokens >= KV_HEADROOM * concurrency * seq_len
         return {"tensor_parallel_size": tp, "weight_bytes_per_gpu": per_gpu_weights, "overhead_bytes_per_gpu": over,
                 "kv_budget_bytes_per_gpu": max(0, budget), "kv_bytes_per_token_per_gpu": per_token,
@@ -273,10 +305,10 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
 
 
 def _full_length_tokens(info: ModelInfo, kv_bytes: float, tp: int, pp: int, budget: int, max_model_len: int,
-                        tokens: int) -> int:
+                        tokens: int, engine: str | None = None) -> int:
     """KV capacity in tokens when every sequence is ``max_model_len`` long (``tokens`` unless sliding-window
     layers make the charge per token depend on the length)."""
-    if not info.sliding_layers:
+    if not info.sliding_layers or engine == "sglang":
         return tokens
     per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len)
     return max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE

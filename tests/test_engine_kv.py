@@ -11,19 +11,17 @@ Gemma 3's language model built alone, since the multimodal class imports torchvi
 from the ``auto`` ones where the CPU attention backend refuses fp8). The fast tests compare llmopt with the
 record; the slow one runs vLLM again and checks the record is what vLLM says now.
 
-SGLang 0.5.23 is not run: its per-token size is ``DefaultPoolConfigurator._compute_cell_size``
-(sglang/srt/model_executor/pool_configurator.py), a method over a KVCacheConfigurator built from ServerArgs
-and the model runner's layer range, reading the process-wide parallel state (``get_parallel()``); importing
-it needs SGLang's runtime dependencies (orjson first, then more) and its pools (MHATokenToKVPool,
-MLATokenToKVPool in mem_cache/memory_pool.py) allocate on the device. The hand computation from that file:
-MHA ``get_num_kv_heads(tp)`` (total // tp, at least 1) x (head_dim + v_head_dim) x layers x dtype bytes;
-MLA ``calculate_mla_kv_cache_dim`` (kv_lora_rank + qk_rope_head_dim, mem_cache/kv_cache_configurator.py)
-x layers x dtype bytes, whole on every rank; the same figures as vLLM's for these configs.
+SGLang 0.5.23: tests/data/engine_kv/sglang_kv.py ran SGLang's own pool configurator on the same configs
+(``_cell_size`` of DefaultPoolConfigurator or HybridSWAPoolConfigurator, from ServerArgs, ModelConfig and
+KVCacheConfigurator; what was substituted is in its docstring) and wrote ``sglang-0.5.23.json``; the tests
+below compare the memory model's SGLang figures with it. The suite does not run SGLang (its environment is
+about 50 packages).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -94,3 +92,55 @@ def figures(output: dict) -> dict:
     with AVX-512 the fp8 specs come from an fp8 build)."""
     return {key: (r["bytes_per_token"], sorted((g["spec"], g["sliding_window"], g["layers"]) for g in r["layers"]))
             for key, r in output["results"].items()}
+
+
+SGLANG_RECORD = DATA / "engine_kv" / "sglang-0.5.23.json"  # written by tests/data/engine_kv/sglang_kv.py
+SGLANG_KV = {"auto": "auto", "fp8": "fp8_e4m3"}
+
+
+@pytest.fixture(scope="module")
+def sglang_record() -> dict:
+    return json.loads(SGLANG_RECORD.read_text())
+
+
+def sglang_check(result: dict, name: str, kv_cache_dtype: str, tp: int) -> None:
+    """llmopt's bytes per token of SGLang's pool equal SGLang's ``_cell_size`` (rounded up: for a hybrid
+    sliding-window model it is full layers + 0.8 x sliding layers, not a whole number)."""
+    assert "error" not in result, result.get("error")
+    info = from_config(CONFIGS[name])
+    kv_bytes = memory.kv_dtype_bytes(kv_cache_dtype, info)
+    assert memory.kv_bytes_per_token_per_gpu(info, kv_bytes, tp, engine="sglang") == math.ceil(result["cell_size"])
+    assert result["dtype_bytes"] == kv_bytes
+
+
+def test_the_sglang_record_covers_every_config(sglang_record):
+    assert sglang_record["version"] == "0.5.23"
+    assert sorted(sglang_record["results"]) == sorted(f"{name}/{SGLANG_KV[kv]}/tp{tp}" for name, kv in CASES
+                                                      for tp in TP_SIZES)
+
+
+@pytest.mark.parametrize("name, kv_cache_dtype", CASES)
+def test_sglang_pool_bytes_per_token_equal_sglang_s_own_code(sglang_record, name, kv_cache_dtype):
+    for tp in TP_SIZES:
+        sglang_check(sglang_record["results"][f"{name}/{SGLANG_KV[kv_cache_dtype]}/tp{tp}"], name, kv_cache_dtype, tp)
+
+
+def test_sglang_sizes_sliding_window_layers_its_own_way(sglang_record):
+    """Every layer counted once, SGLang's figure is vLLM's; its pool is not: gpt-oss keeps its sliding layers in
+    a second pool of 0.8 tokens per full-pool token; Gemma 3 (not one of SGLang's hybrid architectures) keeps
+    every layer at every token, where vLLM keeps its sliding layers to the window."""
+    results = sglang_record["results"]
+    oss, gemma = results["gpt-oss-20b/auto/tp1"], results["gemma-3-27b-it/auto/tp1"]
+    assert oss["configurator"] == "HybridSWAPoolConfigurator" and oss["swa"]["swa_full_tokens_ratio"] == 0.8
+    assert oss["bytes_per_token_every_layer"] == 49_152 and math.ceil(oss["cell_size"]) == 44_237
+    assert gemma["configurator"] == "DefaultPoolConfigurator" and gemma["cell_size"] == 507_904
+    info = from_config(CONFIGS["gemma-3-27b-it"])
+    assert memory.kv_bytes_per_token_per_gpu(info, 2, seq_len=32768) < 507_904 // 5  # vLLM's, at 32k tokens
+    assert memory.kv_bytes_per_token_per_gpu(info, 2, seq_len=32768, engine="sglang") == 507_904
+
+
+def test_a_wrong_sglang_figure_fails(sglang_record):
+    result = json.loads(json.dumps(sglang_record["results"]["gpt-oss-20b/auto/tp8"]))
+    result["cell_size"] += 1
+    with pytest.raises(AssertionError):
+        sglang_check(result, "gpt-oss-20b", "auto", 8)
