@@ -26,15 +26,19 @@ from conftest import make_tiny_llama, wait_for, write_recipe
 
 @pytest.fixture(scope="module")
 def four_layers(tmp_path_factory) -> Path:
-    """A tiny random Llama of four layers whose (tied) embeddings are scaled up: its next-token distributions
-    are peaked, not near uniform, so dropping two layers costs a KL that training can visibly win back."""
+    """A tiny random Llama of four layers whose (tied) embeddings and decoder weights are scaled up: at the
+    initialisation's scale the residual stream is nearly all embedding, the layers change the logits little,
+    and dropping two of them costs a KL of about 1e-5, which no training can visibly win back; scaled, it
+    costs about 0.35 (checked in the tests below)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     folder = make_tiny_llama(tmp_path_factory.mktemp("distill") / "tiny-4", layers=4, seed=1)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(25)
+        model.get_input_embeddings().weight.mul_(5)
+        for weight in (p for layer in model.model.layers for p in layer.parameters() if p.dim() == 2):
+            weight.mul_(10)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
@@ -93,7 +97,7 @@ def test_distillation_lowers_the_loss_and_reports_its_curve(four_layers, tmp_pat
     losses = [h["loss"] for h in history]
     assert len(losses) == 24 and training["steps"] == 24 and training["resumed_from"] == 0
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
-    assert last < 0.8 * first, losses
+    assert first > 0.05 and last < 0.8 * first, losses  # a loss to win back, and won back
     assert (isolated_cache / "stages" / stage.key / "training" / "loss.png").is_file()
     assert (tmp_path / "art" / "reports" / "training" / "compress.1.distill.loss.png").is_file()
     assert "compress.1.distill" in (tmp_path / "art" / "reports" / "report.md").read_text()
