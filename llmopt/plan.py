@@ -386,11 +386,13 @@ def assign_keys(stages: list[Stage]) -> None:
             stage.key = keys[stage.name] = stage.pinned
             continue
         impl = stage.impl
+        # options a backend added later, left out of the key at the value that behaves as before they existed
+        neutral = {k for k, v in getattr(impl, "keyless_defaults", {}).items() if getattr(stage.options, k) == v}
         material = {
             "kind": stage.kind,
             "backend": stage.backend,
             "backend_version": getattr(impl, "version", 1),
-            "options": stage.options.model_dump(mode="json", exclude=set(stage.unkeyed)),
+            "options": stage.options.model_dump(mode="json", exclude=set(stage.unkeyed) | neutral),
             "inputs": {role: keys[name] for role, name in stage.inputs.items()},
             "versions": versions(impl.requires),
             "llmopt": llmopt.STAGE_FORMAT,

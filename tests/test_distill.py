@@ -130,6 +130,69 @@ def test_kill_9_mid_training_resumes_from_the_last_checkpoint(four_layers, tmp_p
     assert {r.name: r.status for r in api.run(path, output_dir=tmp_path / "art").records}["compress.1.distill"] == "cached"
 
 
+def _workers(spec_under: Path) -> list[int]:
+    """Processes of data-parallel distillation (torchrun and its workers) whose spec lies under ``spec_under``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"_distill_worker" in a for a in argv) and any(str(spec_under).encode() in a for a in argv):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to find the workers")
+def test_data_parallel_training_in_two_processes_learns_dies_with_llmopt_and_resumes(four_layers, tmp_path,
+                                                                                     isolated_cache):
+    """data_parallel = 2 on the CPU: torchrun starts two gloo processes, Trainer trains the student as
+    DistributedDataParallel. A kill -9 of llmopt takes torchrun and its workers with it (nothing left to
+    race the resumed run for the checkpoints); the next run resumes from the last checkpoint."""
+    body = recipe(four_layers, "steps = 48\ncheckpoint_every = 6\ndata_parallel = 2", shape="batch_size = 2\nseq_len = 64")
+    path = write_recipe(tmp_path, body)
+    key = api.plan(path).stage("compress.1.distill").key
+    checkpoints = isolated_cache / "work" / key / _distill.CHECKPOINTS
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(path), "-o", str(tmp_path / "art"),
+                             "-f", "quiet"], env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: _distill.last_checkpoint(checkpoints) is not None if checkpoints.is_dir() else False,
+                 timeout=300, proc=proc)
+        assert len(_workers(isolated_cache)) == 3  # torchrun's agent and its two workers
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    wait_for(lambda: not _workers(isolated_cache), timeout=60)
+    saved = int(_distill.last_checkpoint(checkpoints).name.split("-")[1])
+    assert 6 <= saved < 48 and not (isolated_cache / "stages" / key).exists()
+    result = api.run(path, output_dir=tmp_path / "art")
+    record = {r.name: r for r in result.records}["compress.1.distill"]
+    training = record.outputs["training"]
+    assert record.status == "ran" and training["resumed_from"] >= saved and training["data_parallel"] == 2
+    assert training["steps"] == 48 and record.outputs["data"]["samples"] == 48 * 2 * 2
+    history = json.loads((isolated_cache / "stages" / key / training["history"]).read_text())
+    losses = [h["loss"] for h in history]
+    assert [h["step"] for h in history] == list(range(1, 49)), history  # the resumed run's log goes on from the checkpoint's
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert first > 0.05 and last < 0.8 * first, losses
+    assert not checkpoints.parent.exists() and not _workers(isolated_cache)
+    config = json.loads((tmp_path / "art" / "model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+
+
+def test_data_parallel_is_planned_on_the_compute_machine_s_gpus_and_one_process_keeps_the_key(four_layers, tmp_path):
+    gpus = '[compute]\ngpu = "H100-SXM-80GB"\ncount = 2\n'
+    over = api.plan(write_recipe(tmp_path, recipe(four_layers, "data_parallel = 4", gpus)))
+    problems = [p for p in _errors(over) if "data_parallel" in p.message]
+    assert len(problems) == 1 and "compress[1].data_parallel" in problems[0].where
+    assert "2 ([compute] count)" in problems[0].message and "data_parallel = 2" in problems[0].hint
+    assert not _errors(api.plan(write_recipe(tmp_path, recipe(four_layers, "data_parallel = 2", gpus))))
+    one = api.plan(write_recipe(tmp_path, recipe(four_layers, "data_parallel = 1"))).stage("compress.1.distill")
+    unset = api.plan(write_recipe(tmp_path, recipe(four_layers))).stage("compress.1.distill")
+    two = api.plan(write_recipe(tmp_path, recipe(four_layers, "data_parallel = 2"))).stage("compress.1.distill")
+    assert one.key == unset.key != two.key  # caches made before the option existed stay valid
+
+
 def _errors(plan) -> list:
     return [p for p in plan.problems if p.severity == "error"]
 

@@ -8,8 +8,12 @@ Needs: torch, transformers, accelerate (imported inside the functions that train
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +23,11 @@ from llmopt.backends.compress import _prune
 from llmopt.backends.compress._common import cpu_threads
 from llmopt.errors import Problem, StageFailed
 from llmopt.libraries import require
+from llmopt.placement import machine_of
 from llmopt.sysinfo import available_ram
 
 CHECKPOINTS = "checkpoints"  # under the stage key's working folder
+PROGRESS = "llmopt-progress: "  # a data-parallel worker's progress line on its standard output
 ACTIVATION_BYTES_PER_TOKEN_LAYER = 34  # per hidden unit, bf16 activations kept for backward (Korthikanti et al.)
 
 
@@ -65,9 +71,32 @@ def teacher_problems(options, ctx, teacher) -> list[Problem]:
     return problems
 
 
+def parallel_problems(options, ctx) -> list[Problem]:
+    """Data parallel needs that many GPUs on the compute machine ([compute] count); on the CPU its processes
+    share the cores (a warning when there are more processes than cores)."""
+    n = options.data_parallel
+    if n == 1:
+        return []
+    machine = machine_of(ctx.recipe.recipe)
+    if machine.gpu is not None:
+        count = machine.count
+        if n > count:
+            return [ctx.problem(f"data_parallel = {n} needs {n} GPUs; the compute machine has {count} ([compute] "
+                                f"count)", "data_parallel", hint=f"set [compute] count = {n} if the machine has "
+                                f"them, or data_parallel = {count}")]
+        return []
+    cores = os.cpu_count() or 1
+    if n > cores:
+        return [ctx.problem(f"data_parallel = {n} processes on a CPU of {cores} cores: each process gets one "
+                            "thread and they wait for each other", "data_parallel",
+                            hint=f"set data_parallel to at most {cores}", severity="warning")]
+    return []
+
+
 def memory_bytes(options, student, teacher, dtype: str, gpu: bool) -> dict[str, int]:
-    """Peak memory of training: the teacher's weights, the student's fp32 weights, gradients and AdamW's two
-    moments (16 bytes a parameter), and one batch's activations and logits (student, teacher, gradient)."""
+    """Peak memory of training on one device: the teacher's weights, the student's fp32 weights, gradients and
+    AdamW's two moments (16 bytes a parameter), and one batch's activations and logits (student, teacher,
+    gradient). Data parallel holds all of it on every device (it adds speed, not room)."""
     tokens = options.batch_size * options.seq_len
     train_dtype = "bfloat16" if (options.bf16 if options.bf16 is not None else gpu) else "float32"
     act_bytes = 2 if train_dtype == "bfloat16" else 4
@@ -81,20 +110,24 @@ def memory_bytes(options, student, teacher, dtype: str, gpu: bool) -> dict[str, 
 
 
 def memory_problems(options, ctx, teacher) -> list[Problem]:
-    """The training memory against the target GPU (an error) or this machine's RAM (a warning)."""
+    """The training memory against the compute machine's GPU (an error) or this machine's RAM (a warning)."""
     if teacher is None or ctx.model is None:
         return []
     dtype = estimates.model_dtype(ctx.recipe.recipe, teacher)
-    need = memory_bytes(options, ctx.model, teacher, dtype, ctx.gpu is not None)
+    gpu = machine_of(ctx.recipe.recipe).gpu  # the compute machine's ([compute] gpu, else [target] gpu)
+    need = memory_bytes(options, ctx.model, teacher, dtype, gpu is not None)
     fix = ("lower batch_size (raise gradient_accumulation to keep the effective batch) or seq_len, set "
            "gradient_checkpointing = true")
-    if ctx.gpu is not None and need["total"] > ctx.gpu.memory_bytes:
-        return [ctx.problem(f"distillation needs about {need['total'] / 2**30:.1f} GiB (teacher, student, gradients, "
-                            f"AdamW state, activations), more than one {ctx.gpu.name} ({ctx.gpu.memory_gib:.0f} GiB)",
+    if gpu is not None and need["total"] > gpu.memory_bytes:
+        each = " on each of its data-parallel GPUs" if options.data_parallel > 1 else ""
+        return [ctx.problem(f"distillation needs about {need['total'] / 2**30:.1f} GiB{each} (teacher, student, "
+                            f"gradients, AdamW state, activations), more than one {gpu.name} "
+                            f"({gpu.memory_gib:.0f} GiB)",
                             "batch_size", hint=fix + ", or target a GPU with more memory")]
     ram = available_ram()
-    if ctx.gpu is None and ram is not None and need["total"] > ram:
-        return [ctx.problem(f"distillation needs about {need['total'] / 2**30:.1f} GiB; this machine has "
+    total = need["total"] * (options.data_parallel if gpu is None else 1)
+    if gpu is None and ram is not None and total > ram:
+        return [ctx.problem(f"distillation needs about {total / 2**30:.1f} GiB; this machine has "
                             f"{ram / 2**30:.1f} GiB available", "batch_size", hint=fix, severity="warning")]
     return []
 
@@ -111,10 +144,12 @@ class Trained:
     seconds: float
     plot: str | None
     plot_note: str
+    processes: int = 1
 
     def summary(self) -> dict:
         losses = [h["loss"] for h in self.history]
         return {"steps": self.history[-1]["step"] if self.history else 0, "resumed_from": self.resumed_from,
+                "data_parallel": self.processes,
                 "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
                 "seconds": round(self.seconds, 2), "history": "training/loss.json", "plot": self.plot,
                 **({"plot_note": self.plot_note} if self.plot_note else {})}
@@ -131,7 +166,7 @@ def training_rows(options, ctx, tokenizer) -> calibration.CalibrationRows:
     """Rows of ``seq_len`` tokens for every step (fewer when the text runs out: the Trainer then takes more
     than one pass), in the [calibration] section's seeded order."""
     section = ctx.recipe.recipe.calibration
-    need = options.steps * options.batch_size * options.gradient_accumulation
+    need = options.steps * options.batch_size * options.gradient_accumulation * options.data_parallel
     update = {"samples": need, "max_seq_len": options.seq_len}
     if options.data is not None:
         update |= {"data": options.data, "text_field": options.text_field}
@@ -140,20 +175,17 @@ def training_rows(options, ctx, tokenizer) -> calibration.CalibrationRows:
     return rows
 
 
-def load_models(ctx, bf16: bool):
-    """Tokenizer, student (float32 weights, trainable) and teacher (frozen, eval mode) on the stage's device."""
-    torch = require("torch", _prune.EXTRA, ctx.name)
-    transformers = require("transformers", _prune.EXTRA, ctx.name)
-    if ctx.model_format != "hf":
-        raise StageFailed(f"{ctx.name} needs a Hugging Face model folder, got format {ctx.model_format!r}",
-                          where=ctx.name, fix="put the distill step before quantization and export")
-    trust = ctx.recipe.recipe.model.trust_remote_code
+def load_pair(student_dir: Path, teacher_dir: Path, trust: bool, device: str, bf16: bool, where: str):
+    """Tokenizer (the student's), student in float32 and the frozen teacher (bfloat16 when ``bf16``) on
+    ``device``."""
+    torch = require("torch", _prune.EXTRA, where)
+    transformers = require("transformers", _prune.EXTRA, where)
     auto = transformers.AutoModelForCausalLM
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-    student = auto.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust).to(ctx.device)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(student_dir, trust_remote_code=trust)
+    student = auto.from_pretrained(student_dir, dtype=torch.float32, trust_remote_code=trust).to(device)
     teacher_dtype = torch.bfloat16 if bf16 else torch.float32
-    teacher = auto.from_pretrained(ctx.input_model_dir("teacher"), dtype=teacher_dtype, trust_remote_code=trust)
-    teacher.to(ctx.device).eval().requires_grad_(False)
+    teacher = auto.from_pretrained(teacher_dir, dtype=teacher_dtype, trust_remote_code=trust)
+    teacher.to(device).eval().requires_grad_(False)
     return tokenizer, student, teacher
 
 
@@ -199,35 +231,115 @@ def last_checkpoint(folder: Path) -> Path | None:
 
 def train(options, ctx) -> Trained:
     """Train the student against the teacher with ``Trainer``, resuming from the working folder's last
-    checkpoint; the loss history and curve under ``training/``."""
+    checkpoint; the loss history and curve under ``training/``. With ``data_parallel`` above 1 the training
+    runs in that many processes started by torchrun (``train_distributed``)."""
+    if ctx.model_format != "hf":
+        raise StageFailed(f"{ctx.name} needs a Hugging Face model folder, got format {ctx.model_format!r}",
+                          where=ctx.name, fix="put the distill step before quantization and export")
     gpu = ctx.device != "cpu"
     bf16 = options.bf16 if options.bf16 is not None else gpu
-    tokenizer, student, teacher = load_models(ctx, bf16)
-    rows = training_rows(options, ctx, tokenizer)
     folder = (ctx.work_dir or ctx.out_dir.with_name(ctx.out_dir.name + ".work")) / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
     resume = last_checkpoint(folder)
     resumed_from = int(resume.name[11:]) if resume else 0
     if resume:
         ctx.progress(f"resuming from step {resumed_from} ({resume})")
-    trainer = _trainer(options, ctx, student, teacher, rows, folder, bf16)
-    t0 = time.monotonic()
-    with cpu_threads(ctx.device):  # LLMOPT_CPU_THREADS: small steps on a busy CPU run faster on one thread
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    seconds = time.monotonic() - t0
-    history = [{"step": h["step"], "loss": h["loss"], "learning_rate": h.get("learning_rate")}
-               for h in trainer.state.log_history if "loss" in h]
+    if options.data_parallel > 1:
+        tokenizer, rows, model, history, seconds = train_distributed(options, ctx, folder, resume, bf16)
+    else:
+        tokenizer, student, teacher = load_pair(ctx.model_dir, ctx.input_model_dir("teacher"),
+                                                ctx.recipe.recipe.model.trust_remote_code, ctx.device, bf16, ctx.name)
+        rows = training_rows(options, ctx, tokenizer)
+        trainer = build_trainer(options, ctx.name, ctx.progress, ctx.device, student, teacher, rows.rows, folder,
+                                bf16)
+        t0 = time.monotonic()
+        with cpu_threads(ctx.device):  # LLMOPT_CPU_THREADS: small steps on a busy CPU run faster on one thread
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        seconds = time.monotonic() - t0
+        history, model = loss_history(trainer), trainer.model
     plot, note = write_curve(ctx.out_dir / "training", history, ctx.name)
     if ctx.work_dir is None:  # a stage run outside the runner: nothing keeps its checkpoints
         shutil.rmtree(folder.parent, ignore_errors=True)
-    model = trainer.model.eval()
-    return Trained(model, tokenizer, rows, history, resumed_from, seconds, plot, note)
+    return Trained(model.eval(), tokenizer, rows, history, resumed_from, seconds, plot, note, options.data_parallel)
 
 
-def _trainer(options, ctx, student, teacher, rows, folder: Path, bf16: bool):
-    """A ``Trainer`` whose loss is the distillation loss, logging each step to the stage's progress."""
-    transformers = require("transformers", _prune.EXTRA, ctx.name)
+def loss_history(trainer) -> list[dict]:
+    return [{"step": h["step"], "loss": h["loss"], "learning_rate": h.get("learning_rate")}
+            for h in trainer.state.log_history if "loss" in h]
+
+
+def train_distributed(options, ctx, folder: Path, resume: Path | None, bf16: bool):
+    """Data-parallel training: ``torch.distributed.run`` (torchrun) starts ``data_parallel`` processes of
+    ``llmopt.backends.compress._distill_worker``, one per GPU (NCCL) or, on the CPU, sharing its cores (gloo);
+    ``Trainer`` wraps the student in DistributedDataParallel and gives each process its share of every batch.
+    This process cuts the training rows (written as safetensors for the workers), forwards rank 0's progress
+    and, when all have finished, loads the model rank 0 saved. Returns the tokenizer, the rows, the model,
+    the loss history and the seconds the workers took."""
     torch = require("torch", _prune.EXTRA, ctx.name)
+    transformers = require("transformers", _prune.EXTRA, ctx.name)
+    from safetensors.torch import save_file
+
+    n = options.data_parallel
+    if ctx.device != "cpu" and torch.cuda.device_count() < n:
+        raise StageFailed(f"data_parallel = {n} but this machine shows {torch.cuda.device_count()} GPUs",
+                          where=ctx.name, fix=f"run on a machine with {n} GPUs, or lower data_parallel")
+    trust = ctx.recipe.recipe.model.trust_remote_code
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ctx.model_dir, trust_remote_code=trust)
+    rows = training_rows(options, ctx, tokenizer)
+    run = folder.parent / "distributed"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    save_file({"input_ids": torch.tensor(rows.rows, dtype=torch.long)}, str(run / "rows.safetensors"))
+    threads = max(1, int(os.environ.get("LLMOPT_CPU_THREADS") or os.cpu_count() or 1) // n)
+    spec = {"student": str(ctx.model_dir), "teacher": str(ctx.input_model_dir("teacher")), "trust_remote_code": trust,
+            "options": options.model_dump(), "rows": str(run / "rows.safetensors"), "checkpoints": str(folder),
+            "resume": str(resume) if resume else None, "bf16": bf16, "device": "cpu" if ctx.device == "cpu" else "cuda",
+            "threads": threads if ctx.device == "cpu" else None, "out": str(run / "trained"), "name": ctx.name}
+    (run / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+            "-m", "llmopt.backends.compress._distill_worker", str(run / "spec.json")]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    ctx.log.info("distill: %d data-parallel processes: %s", n, " ".join(argv))
+    tail: collections.deque[str] = collections.deque(maxlen=30)
+    t0 = time.monotonic()
+    with subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None) as proc:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.startswith(PROGRESS):
+                ctx.progress(line[len(PROGRESS):])
+            else:
+                tail.append(line)
+                ctx.log.debug("distill worker: %s", line)
+    seconds = time.monotonic() - t0
+    if proc.returncode != 0 or not (run / "trained" / "history.json").is_file():
+        shown = "\n".join(tail)
+        raise StageFailed(f"data-parallel training exited with code {proc.returncode}; its last output:\n{shown}",
+                          where=ctx.name, fix="run with data_parallel = 1 to see the error in this process, or "
+                          "read the stage log")
+    history = json.loads((run / "trained" / "history.json").read_text())
+    model = transformers.AutoModelForCausalLM.from_pretrained(run / "trained", dtype=torch.float32,
+                                                              trust_remote_code=trust)
+    shutil.rmtree(run, ignore_errors=True)
+    return tokenizer, rows, model, history, seconds
+
+
+def _die_with_parent() -> None:
+    """In the torchrun child, before exec: SIGTERM when llmopt dies, even by kill -9 (torchrun then stops its
+    workers), so a killed run leaves no training behind to race the resumed one for the checkpoints."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def build_trainer(options, where: str, progress, device: str, student, teacher, rows, folder: Path, bf16: bool,
+                  configured_state: bool = False):
+    """A ``Trainer`` whose loss is the distillation loss, logging each step to ``progress``. ``rows`` are
+    token rows of equal length (lists, or a 2-D tensor). ``configured_state``: use the accelerate state the
+    caller set up instead of a new one."""
+    transformers = require("transformers", _prune.EXTRA, where)
+    torch = require("torch", _prune.EXTRA, where)
     compute = loss_fn(options, teacher)
 
     class DistillTrainer(transformers.Trainer):
@@ -238,7 +350,7 @@ def _trainer(options, ctx, student, teacher, rows, folder: Path, bf16: bool):
     class Progress(transformers.TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                ctx.progress(f"step {state.global_step}/{state.max_steps} loss {logs['loss']:.4f}")
+                progress(f"step {state.global_step}/{state.max_steps} loss {logs['loss']:.4f}")
 
     if options.gradient_checkpointing:
         student.gradient_checkpointing_enable()
@@ -247,9 +359,10 @@ def _trainer(options, ctx, student, teacher, rows, folder: Path, bf16: bool):
         gradient_accumulation_steps=options.gradient_accumulation, learning_rate=options.learning_rate,
         lr_scheduler_type=options.schedule, warmup_steps=options.warmup_steps, weight_decay=options.weight_decay,
         logging_steps=1, save_strategy="steps", save_steps=options.checkpoint_every, save_total_limit=1,
-        bf16=bf16, use_cpu=ctx.device == "cpu", report_to="none", disable_tqdm=True, seed=options.seed,
-        data_seed=options.seed, remove_unused_columns=False, dataloader_num_workers=0)
-    data = [{"input_ids": torch.tensor(r, dtype=torch.long)} for r in rows.rows]
+        bf16=bf16, use_cpu=device == "cpu", report_to="none", disable_tqdm=True, seed=options.seed,
+        data_seed=options.seed, remove_unused_columns=False, dataloader_num_workers=0,
+        **({"accelerator_config": {"use_configured_state": True}} if configured_state else {}))
+    data = [{"input_ids": torch.as_tensor(r, dtype=torch.long)} for r in rows]
     return DistillTrainer(model=student, args=args, train_dataset=data, callbacks=[Progress()])
 
 

@@ -11,7 +11,9 @@ The text is the recipe's ``[calibration]`` data, or ``data`` of its own, cut int
 ``seq_len`` tokens in the calibration section's seeded order.
 
 Training is transformers' ``Trainer`` with the loss above: gradient accumulation, the
-learning-rate schedule, bf16 on a GPU, checkpoints and resume are the library's. Its
+learning-rate schedule, bf16 on a GPU, checkpoints and resume are the library's. With
+``data_parallel`` above 1, torchrun starts that many processes (``_distill_worker``) and Trainer
+trains the student as DistributedDataParallel across them (NCCL on GPUs, gloo on the CPU). Its
 checkpoints go to the stage key's working folder under the cache (``StageContext.work_dir``),
 which outlives a ``kill -9`` of llmopt: the next run of the same recipe resumes from the last
 complete checkpoint, and the folder is removed once the stage is in the cache.
@@ -64,6 +66,10 @@ class DistillOptions(Options):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less "
                                          "memory, about a third more time.")
     seed: int = Field(0, description="Seed of the data order and of training.")
+    data_parallel: int = Field(1, ge=1, le=64, description="Processes of data-parallel training, started by "
+                               "torchrun: one per GPU of the compute machine (at most [compute] count), or on the "
+                               "CPU processes that share its cores. Each holds teacher and student whole; the "
+                               "effective batch is batch_size x gradient_accumulation x data_parallel rows.")
 
 
 @register("compress", "distill")
@@ -75,6 +81,7 @@ class Distill:
     quantizes = False
     prunes = False
     teacher = True  # the planner hands it the source stage as the input "teacher"
+    keyless_defaults = {"data_parallel": 1}  # one process trains as before the option existed: same stage key
 
     def produces(self, options: DistillOptions) -> formats.Format:
         return formats.DENSE
@@ -84,7 +91,7 @@ class Distill:
         problems += _checks.not_quantized(ctx) + _distill.order_problems(ctx)
         problems += _distill.data_problems(options, ctx)
         teacher = ctx.source  # the source model's config facts
-        problems += _distill.teacher_problems(options, ctx, teacher)
+        problems += _distill.teacher_problems(options, ctx, teacher) + _distill.parallel_problems(options, ctx)
         return problems + _distill.memory_problems(options, ctx, teacher)
 
     def run(self, options: DistillOptions, ctx: StageContext) -> dict:
