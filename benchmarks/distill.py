@@ -18,7 +18,7 @@ the distilled value with the intervals, the share of the pruning's perplexity lo
 (``recovered``), the distill stage's steps, seconds and loss, every stage's status and seconds,
 and ``uptime`` before and after (this machine is shared: the load average says how loaded it was).
 
-    LLMOPT_CPU_THREADS=1 python benchmarks/distill.py --steps 50            # about an hour on a busy 2-core CPU
+    python benchmarks/distill.py --steps 200 --windows 32 --mc --checkpoint-every 50   # 42 min on a quiet 2-core CPU
     python benchmarks/distill.py --steps 200 --windows 32 --mc --cache /tmp/c                # 100 s on one H200
     python benchmarks/distill.py --prune width --steps 200 --windows 32 --mc --cache /tmp/c  # 76 s more there
 """
