@@ -109,19 +109,26 @@ def test_distillation_lowers_the_loss_and_reports_its_curve(four_layers, tmp_pat
 
 
 
+def kill_9_at_a_checkpoint(path: Path, out: Path, checkpoints: Path, before_the_kill=lambda: None) -> int:
+    """Start ``llmopt run`` of ``path``, kill -9 it once a checkpoint is complete (after ``before_the_kill``);
+    the step of the last checkpoint."""
+    proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(path), "-o", str(out), "-f", "quiet"],
+                            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: _distill.last_checkpoint(checkpoints) is not None if checkpoints.is_dir() else False,
+                 timeout=300, proc=proc)
+        before_the_kill()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return int(_distill.last_checkpoint(checkpoints).name.split("-")[1])
+
+
 def test_kill_9_mid_training_resumes_from_the_last_checkpoint(four_layers, tmp_path, isolated_cache):
     path = write_recipe(tmp_path, recipe(four_layers, "steps = 120\ncheckpoint_every = 10"))
     key = api.plan(path).stage("compress.1.distill").key
     checkpoints = isolated_cache / "work" / key / _distill.CHECKPOINTS
-    proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(path), "-o", str(tmp_path / "art"),
-                             "-f", "quiet"], env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: _distill.last_checkpoint(checkpoints) is not None if checkpoints.is_dir() else False,
-                 timeout=300)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    saved = int(_distill.last_checkpoint(checkpoints).name.split("-")[1])
+    saved = kill_9_at_a_checkpoint(path, tmp_path / "art", checkpoints)
     assert 10 <= saved < 120 and not (isolated_cache / "stages" / key).exists()
     result = api.run(path, output_dir=tmp_path / "art")
     record = {r.name: r for r in result.records}["compress.1.distill"]
@@ -153,17 +160,10 @@ def test_data_parallel_training_in_two_processes_learns_dies_with_llmopt_and_res
     path = write_recipe(tmp_path, body)
     key = api.plan(path).stage("compress.1.distill").key
     checkpoints = isolated_cache / "work" / key / _distill.CHECKPOINTS
-    proc = subprocess.Popen([sys.executable, "-m", "llmopt", "run", str(path), "-o", str(tmp_path / "art"),
-                             "-f", "quiet"], env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: _distill.last_checkpoint(checkpoints) is not None if checkpoints.is_dir() else False,
-                 timeout=300, proc=proc)
-        assert len(_workers(isolated_cache)) == 3  # torchrun's agent and its two workers
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    seen: list[int] = []
+    saved = kill_9_at_a_checkpoint(path, tmp_path / "art", checkpoints, lambda: seen.extend(_workers(isolated_cache)))
+    assert len(seen) == 3  # torchrun's agent and its two workers, running when llmopt was killed
     wait_for(lambda: not _workers(isolated_cache), timeout=60)
-    saved = int(_distill.last_checkpoint(checkpoints).name.split("-")[1])
     assert 6 <= saved < 48 and not (isolated_cache / "stages" / key).exists()
     result = api.run(path, output_dir=tmp_path / "art")
     record = {r.name: r for r in result.records}["compress.1.distill"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -300,7 +301,8 @@ def train_distributed(options, ctx, folder: Path, resume: Path | None, bf16: boo
             "-m", "llmopt.backends.compress._distill_worker", str(run / "spec.json")]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     ctx.log.info("distill: %d data-parallel processes: %s", n, " ".join(argv))
-    tail: collections.deque[str] = collections.deque(maxlen=30)
+    tail: collections.deque[str] = collections.deque(maxlen=8)
+    raised: list[str] = []  # a worker's exception line ("[rank1]: RuntimeError: ..."), the first one
     t0 = time.monotonic()
     with subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None) as proc:
@@ -308,15 +310,17 @@ def train_distributed(options, ctx, folder: Path, resume: Path | None, bf16: boo
             line = line.rstrip("\n")
             if line.startswith(PROGRESS):
                 ctx.progress(line[len(PROGRESS):])
-            else:
-                tail.append(line)
-                ctx.log.debug("distill worker: %s", line)
+                continue
+            ctx.log.info("distill worker: %s", line)
+            tail.append(line)
+            if not raised and re.match(r"\[rank\d+\]: \w+(Error|Exception)\b", line):
+                raised.append(line)
     seconds = time.monotonic() - t0
     if proc.returncode != 0 or not (run / "trained" / "history.json").is_file():
-        shown = "\n".join(tail)
-        raise StageFailed(f"data-parallel training exited with code {proc.returncode}; its last output:\n{shown}",
-                          where=ctx.name, fix="run with data_parallel = 1 to see the error in this process, or "
-                          "read the stage log")
+        shown = "\n".join(raised + ["..."] + list(tail) if raised else tail)
+        raise StageFailed(f"data-parallel training exited with code {proc.returncode}:\n{shown}", where=ctx.name,
+                          fix="the workers' whole output is in the run log (the cache's runs/ folder); "
+                          "data_parallel = 1 trains in this process")
     history = json.loads((run / "trained" / "history.json").read_text())
     model = transformers.AutoModelForCausalLM.from_pretrained(run / "trained", dtype=torch.float32,
                                                               trust_remote_code=trust)
