@@ -170,8 +170,8 @@ def kv_bytes_per_sequence(info: ModelInfo, kv_bytes: float, seq_len: int, tp: in
 SGLANG_HYBRID_SWA = frozenset({
     "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM", "BeamForCausalLM",
     "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM",
-    "Step3p5ForCausalLM",
-    "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "LagunaForCausalLM",
+    "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+    "LagunaForCausalLM",
     "MellumForCausalLM", "MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration",
     "InklingForConditionalGeneration"})
 SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
@@ -271,7 +271,7 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         if chosen is None:
             raise UsageError(_no_fit_message(info, gpu, count, max_model_len, util, tried[-1]), where=where,
                              fix=_no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched,
-                                             seqs, eager, tried[-1], per_node))
+                                             seqs, eager, tried[-1], per_node, engine))
     tp = chosen["tensor_parallel_size"]
     if data_parallel_size == "auto":
         dp = max(1, count // (tp * pp))
@@ -292,7 +292,7 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         used = chosen["weight_bytes_per_gpu"] + chosen["overhead_bytes_per_gpu"] + chosen["kv_budget_bytes_per_gpu"]
         util = round(used / gpu.memory_bytes, 3)
     plan = _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source,
-                   kv_bytes, seq_len, workload, tried, warnings)
+                   kv_bytes, seq_len, workload, tried, warnings, engine)
     own_fraction = engines.memory_fraction(engine, gpu, batched, chosen["tensor_parallel_size"], pp)
     plan.memory_fraction = own_fraction if own_budget is not None else _fraction(engine, plan)
     if plan.memory_fraction != own_fraction:
@@ -308,9 +308,9 @@ def _full_length_tokens(info: ModelInfo, kv_bytes: float, tp: int, pp: int, budg
                         tokens: int, engine: str | None = None) -> int:
     """KV capacity in tokens when every sequence is ``max_model_len`` long (``tokens`` unless sliding-window
     layers make the charge per token depend on the length)."""
-    if not info.sliding_layers or engine == "sglang":
+    if not info.sliding_layers:
         return tokens
-    per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len)
+    per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len, engine)
     return max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
 
 
@@ -413,7 +413,7 @@ def _defaults_dict(own, engine: str, gpu: GPU, chosen: dict, max_model_len: int)
 
 
 def _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weight_bytes, weight_source, kv_bytes,
-            seq_len, workload, tried, warnings) -> MemoryPlan:
+            seq_len, workload, tried, warnings, engine=None) -> MemoryPlan:
     tp = chosen["tensor_parallel_size"]
     tokens = chosen["kv_tokens"]
     experts = info.num_experts
@@ -423,7 +423,7 @@ def _result(info, gpu, chosen, pp, dp, util, max_model_len, seqs, batched, weigh
         data_parallel_size=dp, expert_parallel_size=ep, gpu_memory_utilization=util, max_model_len=max_model_len,
         max_num_seqs=seqs, max_num_batched_tokens=batched, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_bytes_per_gpu=chosen["weight_bytes_per_gpu"], kv_dtype_bytes=kv_bytes,
-        kv_bytes_per_token=kv_bytes_per_token_per_gpu(info, kv_bytes, 1, 1, seq_len),
+        kv_bytes_per_token=kv_bytes_per_token_per_gpu(info, kv_bytes, 1, 1, seq_len, engine),
         kv_bytes_per_token_per_gpu=chosen["kv_bytes_per_token_per_gpu"],
         overhead_bytes_per_gpu=chosen["overhead_bytes_per_gpu"], kv_budget_bytes_per_gpu=chosen["kv_budget_bytes_per_gpu"],
         kv_tokens=tokens, full_length_sequences=chosen["kv_tokens_at_max_model_len"] // max_model_len,
@@ -443,14 +443,14 @@ def _no_fit_message(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, u
 
 
 def _no_fit_fix(info, gpu, count, max_model_len, weight_bytes, kv_bytes, util, pp, batched, seqs, eager, last,
-                per_node=None) -> str:
+                per_node=None, engine=None) -> str:
     hints = []
     for tp in valid_tp_sizes(info, 64):
         if tp * pp <= count:
             continue
         per_gpu = math.ceil(weight_bytes / (tp * pp))
         budget = int(gpu.memory_bytes * util) - per_gpu - overhead_bytes(info, tp, pp, batched, seqs, eager)
-        if budget // kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len) >= max_model_len:
+        if budget // kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, max_model_len, engine) >= max_model_len:
             node = max(per_node or count, NODE_GPUS)
             if tp * pp > node:  # more than one node: tensor parallel within a node, pipeline parallel across
                 nodes = math.ceil(tp * pp / node)

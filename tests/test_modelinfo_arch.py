@@ -17,6 +17,7 @@ import pytest
 
 from llmopt import memory
 from llmopt.catalog.gpus import get_gpu
+from llmopt.errors import UsageError
 from llmopt.estimates import float_weight_bytes
 from llmopt.modelinfo import from_config
 from llmopt.recipe.schema import Workload
@@ -115,6 +116,28 @@ def test_plan_of_a_sliding_window_model_counts_sequences_at_their_length():
     assert plan.full_length_sequences == plan.kv_budget_bytes_per_gpu // (-(-at_32k // 32768) * 16) * 16 // 32768
     # charged as if every layer were global, the same budget would hold 4k sequences 1.6x fewer
     assert plan.kv_tokens > 1.6 * plan.kv_budget_bytes_per_gpu // (62 * 8192)
+
+
+def test_an_sglang_plan_of_gemma_3_charges_every_layer_at_every_token():
+    """SGLang keeps Gemma 3's sliding layers at the whole context (tests/data/engine_kv/sglang-0.5.23.json): the
+    plan's per-token figures, its full-length capacity and the fix it suggests all use SGLang's charge."""
+    gemma = info("gemma-3-27b-it")
+    work = Workload(input_len=3072, output_len=1024, concurrency=16)
+    weights = float_weight_bytes(gemma, "bfloat16")
+    plan = memory.plan_memory(gemma, get_gpu("H100-SXM-80GB"), 1, 32768, work, weight_bytes=weights, kv_bytes=2,
+                              engine="sglang")
+    assert plan.kv_bytes_per_token == plan.kv_bytes_per_token_per_gpu == 507_904
+    assert plan.kv_tokens == plan.kv_budget_bytes_per_gpu // (507_904 * 16) * 16
+    assert plan.full_length_sequences == plan.kv_tokens // 32768
+    l40s = get_gpu("L40S")
+    with pytest.raises(UsageError) as refused:  # 131k tokens on one L40S: the fix names the count that holds them
+        memory.plan_memory(gemma, l40s, 1, 131072, work, weight_bytes=weights, kv_bytes=2, engine="sglang")
+    assert "set [target] count = 4 (tensor parallel 4)" in refused.value.fix
+    with pytest.raises(UsageError):  # two, enough at vLLM's charge, are not at SGLang's
+        memory.plan_memory(gemma, l40s, 2, 131072, work, weight_bytes=weights, kv_bytes=2, engine="sglang")
+    memory.plan_memory(gemma, l40s, 2, 131072, work, weight_bytes=weights, kv_bytes=2, engine="vllm")
+    assert memory.plan_memory(gemma, l40s, 4, 131072, work, weight_bytes=weights, kv_bytes=2,
+                              engine="sglang").full_length_sequences >= 1
 
 
 def test_gpt_oss_mxfp4_checkpoint_is_sized_in_mxfp4_where_its_config_says():
