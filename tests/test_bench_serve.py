@@ -52,10 +52,18 @@ def test_bench_artifact_through_llmopt_serve(tmp_path, tiny_artifact, isolated_c
     assert [row["input_len"] for row in split["lengths"]] == [128] and split["skipped_lengths"] == [512, 2048]
     row = split["lengths"][0]
     assert row["requests"] == {"sent": 3, "ok": 3, "failed": 0} and row["prompt_tokens"] == 128
-    assert row["prefill_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0
+    assert row["prefill_tokens_per_s"] > 0
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 4 + 2 + 3 + 1  # warm-up: one round of 2; split
+    # The tiny model decodes 32 tokens in a few milliseconds: when the client was slower to read than the server to
+    # write, every token of a request arrived in one read, the client saw no decode time, and the split says so
+    # (no figure) instead of dividing by zero. A decode rate is given exactly when one request's did not.
+    measured = [r for r in records if r.get("split") == 128 and not r["warmup"]]
+    decoded = [r for r in measured if r["end_s"] > r["chunks_s"][0]]
+    assert (row["decode_tokens_per_s"] is not None) == bool(decoded), (row, measured)
+    assert row["decode_tokens_per_s"] is None or row["decode_tokens_per_s"] > 0
     markdown = (out / "bench.md").read_text()
     assert markdown.count("| c=2 |") == 1 and "| 128 | 3 / 3 |" in markdown
-    assert len((out / "requests.jsonl").read_text().splitlines()) == 4 + 2 + 3 + 1  # warm-up: one round of 2; split
     assert not alive(result["target"]["started"]["pid"])
     assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
     try:
