@@ -10,8 +10,10 @@ import signal
 import subprocess
 import time
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -57,6 +59,18 @@ def make_tiny_llama(folder: Path, hidden: int = 64, layers: int = 2, intermediat
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+@contextmanager
+def module_folder(request, tmp_path_factory, name: str) -> Iterator[Path]:
+    """A folder for a module- or session-scoped fixture, removed when the fixture ends unless a test failed
+    meanwhile. pytest keeps such folders to the session's end (only a passing test's tmp_path goes when the
+    test ends), and the compressed and exported demo models in them reached gigabytes."""
+    folder = tmp_path_factory.mktemp(name)
+    failed = request.session.testsfailed
+    yield folder
+    if request.session.testsfailed == failed:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from conftest import module_folder
 from llmopt import api
 
 pytestmark = pytest.mark.slow
@@ -84,8 +86,9 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Lab:
-    return Lab(tmp_path_factory.mktemp("compress-lab"))
+def lab(request, tmp_path_factory) -> Iterator[Lab]:
+    with module_folder(request, tmp_path_factory, "compress-lab") as folder:
+        yield Lab(folder)
 
 
 def weights_of(config: dict) -> dict:

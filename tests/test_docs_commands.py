@@ -356,9 +356,10 @@ class Page:
 
 
 @pytest.fixture(scope="module")
-def pages(quickstart, tmp_path_factory):
+def pages(request, quickstart, tmp_path_factory):
     assert quickstart.result.returncode == 0, "the shared quickstart run failed:\n" + quickstart.result.stderr[-3000:]
     made: dict[str, Page] = {}
+    failed = request.session.testsfailed
 
     def page(doc: str) -> Page:
         if doc not in made:
@@ -368,6 +369,9 @@ def pages(quickstart, tmp_path_factory):
     yield page
     for each in made.values():
         each.close()
+        if request.session.testsfailed == failed:  # a failure's folders stay for reading (as tmp_path's do)
+            shutil.rmtree(each.folder, ignore_errors=True)
+            shutil.rmtree(each.logs, ignore_errors=True)
 
 
 def _param(command: DocCommand):

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from llmopt import artifact, evaluate
 from llmopt.cli.main import main
-from conftest import write_recipe
+from conftest import module_folder, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +35,10 @@ match = "contains"     # so the answer is looked for in the reply
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory) -> Path:
+def demo_cache(request, tmp_path_factory) -> Iterator[Path]:
     """One cache for the module: the GGUF conversion and the baseline scores are reused."""
-    return tmp_path_factory.mktemp("demo-cache")
+    with module_folder(request, tmp_path_factory, "demo-cache") as folder:
+        yield folder
 
 
 def demo_recipe(folder: Path, evals: str) -> Path:
