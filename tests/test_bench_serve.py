@@ -57,7 +57,8 @@ def test_bench_artifact_through_llmopt_serve(tmp_path, tiny_artifact, isolated_c
     assert len(records) == 4 + 2 + 3 + 1  # warm-up: one round of 2; split
     # The tiny model decodes 32 tokens in a few milliseconds: when the client was slower to read than the server to
     # write, every token of a request arrived in one read, the client saw no decode time, and the split says so
-    # (no figure) instead of dividing by zero. A decode rate is given exactly when one request's did not.
+    # (no figure) instead of dividing by zero. A decode rate is given exactly when some request's tokens came in
+    # more than one read.
     measured = [r for r in records if r.get("split") == 128 and not r["warmup"]]
     decoded = [r for r in measured if r["end_s"] > r["chunks_s"][0]]
     assert (row["decode_tokens_per_s"] is not None) == bool(decoded), (row, measured)

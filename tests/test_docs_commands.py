@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, link_tree
+from conftest import ROOT, link_tree, module_folder
 
 DOCS = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
 SHELLS = {"sh", "bash", "shell"}
@@ -359,19 +359,16 @@ class Page:
 def pages(request, quickstart, tmp_path_factory):
     assert quickstart.result.returncode == 0, "the shared quickstart run failed:\n" + quickstart.result.stderr[-3000:]
     made: dict[str, Page] = {}
-    failed = request.session.testsfailed
+    with module_folder(request, tmp_path_factory, "docs-pages") as root:
 
-    def page(doc: str) -> Page:
-        if doc not in made:
-            made[doc] = Page(doc, tmp_path_factory.mktemp(doc.replace("/", "-").removesuffix(".md")), quickstart)
-        return made[doc]
+        def page(doc: str) -> Page:
+            if doc not in made:
+                made[doc] = Page(doc, root / doc.replace("/", "-").removesuffix(".md"), quickstart)
+            return made[doc]
 
-    yield page
-    for each in made.values():
-        each.close()
-        if request.session.testsfailed == failed:  # a failure's folders stay for reading (as tmp_path's do)
-            shutil.rmtree(each.folder, ignore_errors=True)
-            shutil.rmtree(each.logs, ignore_errors=True)
+        yield page
+        for each in made.values():
+            each.close()
 
 
 def _param(command: DocCommand):

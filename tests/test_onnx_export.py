@@ -58,6 +58,8 @@ def test_fp32_export_scores_as_transformers(fp32_run):
 
 
 def test_runtime_generates_like_transformers(fp32_run):
+    import numpy as np
+
     from llmopt.runtimes.hf import TransformersRuntime
     from llmopt.runtimes.onnx import OnnxRuntime
 
@@ -73,6 +75,9 @@ def test_runtime_generates_like_transformers(fp32_run):
     a = ort.nll([ids, ids[:5]], [len(ids) - 1, 3])
     b = hf.nll([ids, ids[:5]], [len(ids) - 1, 3])
     assert a == pytest.approx(b, rel=1e-4)
+    logits = ort.logits(ids)[:-1].astype(np.float64)  # the float32 log-softmax against one in float64
+    reference = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    assert a[0] == pytest.approx(float((reference - logits[np.arange(len(ids) - 1), ids[1:]]).sum()), rel=1e-6)
     sampled = list(ort.stream(ids, 8, stop_ids=set(), temperature=0.8, top_p=0.9, seed=7))
     assert sampled == list(ort.stream(ids, 8, stop_ids=set(), temperature=0.8, top_p=0.9, seed=7)) and len(sampled) == 8
     stream = ort.stream(ids, 50, stop_ids=set())
