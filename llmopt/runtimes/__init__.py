@@ -17,8 +17,10 @@ behind an HTTP endpoint:
   multiplied when negative) applies first, greedy or not; then greedy at
   temperature 0, else sampled from the top-k tokens (0: all) and the top-p nucleus
   with a generator seeded by ``seed`` (the same seed gives the same tokens). Ends
-  before a stop id (the model's end-of-sequence ids when ``stop_ids`` is None;
-  never yielded; an empty set never stops early) or after ``max_new_tokens``; stop
+  at a stop id (the model's end-of-sequence ids when ``stop_ids`` is None; an empty
+  set never stops early), which is not yielded but returned (the value of the
+  iterator's StopIteration: ``llmopt serve`` counts and scores it, as vLLM does), or
+  after ``max_new_tokens``; stop
   ids are masked out for the first ``min_new_tokens``. The caller may stop early:
   closing the iterator (or dropping it) must free the work in progress.
   ``llmopt serve`` makes every runtime call from one worker thread and runs one

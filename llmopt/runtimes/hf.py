@@ -92,9 +92,10 @@ class TransformersRuntime:
         """Yield new token ids one at a time, reusing the KV cache between steps.
 
         Each step's logits go through ``Sampler``: the repetition penalty, then greedy at
-        ``temperature`` 0, else top-k / top-p sampling seeded by ``seed``. Stops before a stop id
-        (the model's end-of-sequence ids by default; not yielded; masked for the first
-        ``min_new_tokens``) or after ``max_new_tokens``. Closing the iterator stops the work at once."""
+        ``temperature`` 0, else top-k / top-p sampling seeded by ``seed``. Stops at a stop id
+        (the model's end-of-sequence ids by default; masked for the first ``min_new_tokens``), which
+        is not yielded but returned (the generator's StopIteration value), or after
+        ``max_new_tokens``. Closing the iterator stops the work at once."""
         torch = self.torch
         stops = self.eos_ids if stop_ids is None else set(stop_ids)
         sampler = Sampler(torch, self.device, temperature, top_p, top_k, repetition_penalty, seed)
@@ -108,7 +109,7 @@ class TransformersRuntime:
                 token = sampler.pick(out.logits[0, -1].float(), stops if step < min_new_tokens else ())
             past, out = out.past_key_values, None
             if token in stops:
-                return
+                return token
             sampler.saw([token])
             yield token
             ids = torch.tensor([[token]], device=self.device)

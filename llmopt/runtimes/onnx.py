@@ -126,8 +126,8 @@ class OnnxRuntime:
 
         onnxruntime-genai's own search does the sampling: ``repetition_penalty`` (greedy too), then
         greedy at ``temperature`` 0, else top-k (0: all tokens) and top-p sampling seeded by ``seed``.
-        Stops before a stop id (the model's end-of-sequence ids by default; not yielded) or after
-        ``max_new_tokens``. The generator itself ends at the model's end-of-sequence token, so its
+        Stops at a stop id (the model's end-of-sequence ids by default), which is not yielded but
+        returned (the generator's StopIteration value), or after ``max_new_tokens``. The generator itself ends at the model's end-of-sequence token, so its
         ``min_length`` masks that token for the first ``min_new_tokens`` tokens, or for all of them
         when ``stop_ids`` leaves it out (``ignore_eos``): the length is the one asked for, but the
         token is never generated, where a runtime that generates it would go on after it.
@@ -153,7 +153,7 @@ class OnnxRuntime:
                 generator.generate_next_token()
                 token = int(generator.get_next_tokens()[0])
                 if token in stops:
-                    return
+                    return token
                 yield token
         finally:
             del generator

@@ -36,7 +36,8 @@ class QueueFull(Exception):
 class Job:
     """One generation request. ``emit`` receives, on the worker thread, ("text", delta,
     completion_tokens so far), then ("done", finish_reason, completion_tokens) or ("error", message).
-    ``tokens`` collects the generated token ids."""
+    ``tokens`` collects the generated token ids, the stop id that ended the generation included (counted
+    in ``completion_tokens`` and scored, as vLLM counts and scores it; never in the text)."""
 
     endpoint: str
     prompt_ids: list[int]
@@ -186,16 +187,19 @@ class Scheduler:
         try:
             tokens = token_stream(generator, job)
             while not job.cancelled.is_set():
-                token = next(tokens, None)
-                if token is None:
-                    finish = "length" if job.completion_tokens >= job.max_tokens else "stop"
+                try:
+                    token = next(tokens)
+                except StopIteration as end:
+                    if end.value is not None:  # the stop id that ended it: generated and counted, not in the text
+                        first_at = self._first(job, first_at)
+                        job.completion_tokens += 1
+                        job.tokens.append(int(end.value))
+                    finish = "stop" if end.value is not None or job.completion_tokens < job.max_tokens else "length"
                     break
                 job.completion_tokens += 1
                 job.tokens.append(token)
                 delta, stopped = text.add(token)
-                if first_at is None:
-                    first_at = time.monotonic()
-                    self.metrics.observe(self.metrics.ttft, first_at - job.arrived)
+                first_at = self._first(job, first_at)
                 if delta:
                     _send(job, ("text", delta, job.completion_tokens))
                 self._run_calls()
@@ -211,6 +215,13 @@ class Scheduler:
             if hasattr(tokens, "close"):
                 tokens.close()
         self._finish(job, finish, text, first_at)
+
+    def _first(self, job: Job, first_at: float | None) -> float:
+        """When the first token came (now, for the first one: observed as the TTFT)."""
+        if first_at is None:
+            first_at = time.monotonic()
+            self.metrics.observe(self.metrics.ttft, first_at - job.arrived)
+        return first_at
 
     def _finish(self, job: Job, finish: str | None, text: TextStream, first_at: float | None) -> None:
         now = time.monotonic()

@@ -13,7 +13,7 @@ process holds its own copy of the model and its KV cache: N + 1 copies in memory
 Messages on the pipe: to the worker ``("generate", prompt_ids, max_new_tokens, stop_ids,
 options)``, ``("cancel",)`` and ``None`` (exit); from it ``("ready", pid)`` or
 ``("failed", text)`` once at start, then per request ``("token", id)`` ... and one
-``("end", None)`` or ``("error", text)``.
+``("end", stop id or None)`` or ``("error", text)``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class GenerationProcess:
                 ended = True
                 if kind == "error":
                     raise RuntimeError(value)
-                return
+                return value  # the stop id that ended the generation, or None
         finally:
             if not ended and self.alive:  # the consumer stopped early: cancel, then read up to the end of this request
                 try:
@@ -149,9 +149,14 @@ def work(conn, runtime: str, model_dir: str, device: str) -> None:
 def generate(conn, model, prompt_ids, max_new_tokens, stop_ids, options) -> tuple[tuple, bool]:
     """Send each token of one request: (the closing message, whether the parent asked the worker to exit)."""
     tokens = iter(model.stream(prompt_ids, max_new_tokens, None if stop_ids is None else set(stop_ids), **options))
-    leave = False
+    leave, stop = False, None
     try:
-        for token in tokens:
+        while True:
+            try:
+                token = next(tokens)
+            except StopIteration as end:  # its value: the stop id that ended the generation, or None
+                stop = None if end.value is None else int(end.value)
+                break
             conn.send(("token", int(token)))
             if conn.poll():
                 leave = conn.recv() is None  # a cancel, or the parent closing
@@ -161,4 +166,4 @@ def generate(conn, model, prompt_ids, max_new_tokens, stop_ids, options) -> tupl
     finally:
         if hasattr(tokens, "close"):
             tokens.close()
-    return ("end", None), leave
+    return ("end", stop), leave
