@@ -211,8 +211,8 @@ def test_completion_text_and_usage_match_the_runtime(url, served):
     reply = post(url, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0})
     assert reply.status_code == 200
     body = reply.json()
-    expected = rt.generate(rt.encode(prompt), 10)
-    n_prompt = len(rt.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + 1  # + BOS
+    expected = rt.generate(rt.tokenizer(prompt)["input_ids"], 10)
+    n_prompt = len(rt.tokenizer(prompt)["input_ids"])  # as the HF tokenizer gives them: no BOS for the tiny one
     assert body["object"] == "text_completion" and body["model"] == "tiny"
     assert body["choices"][0]["text"] == rt.decode(expected)
     assert body["choices"][0]["finish_reason"] == ("length" if len(expected) == 10 else "stop")
@@ -337,15 +337,18 @@ def test_guidellm_bodies_stream_max_tokens_with_usage_in_every_chunk(url, path, 
 def test_ignore_eos_and_min_tokens_generate_past_the_end_of_sequence(url, served):
     prompt = eos_prompt(served.runtime)
     plain = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()
-    assert plain["usage"]["completion_tokens"] == 0 and plain["choices"][0]["finish_reason"] == "stop"
+    # the end-of-sequence token is generated and counted (vLLM's usage), not written in the text
+    assert plain["usage"]["completion_tokens"] == 1 and plain["choices"][0]["finish_reason"] == "stop"
+    assert plain["choices"][0]["text"] == ""
     ignored = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
     assert ignored.json()["usage"]["completion_tokens"] == 8
     assert ignored.json()["choices"][0]["finish_reason"] == "length"
     least = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "min_tokens": 3}).json()
     assert least["usage"]["completion_tokens"] >= 3
     text = least["choices"][0]["text"]
-    word = text[: len(text) // least["usage"]["completion_tokens"]]  # the repeated token's text
-    assert text == word * least["usage"]["completion_tokens"], text
+    shown = least["usage"]["completion_tokens"] - (least["choices"][0]["finish_reason"] == "stop")  # less the eos
+    word = text[: len(text) // shown]  # the repeated token's text
+    assert text == word * shown, text
     # a stop string is not looked for before min_tokens: the 3rd token completes it
     stopped = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "min_tokens": 3,
                                             "stop": word}).json()
@@ -354,7 +357,7 @@ def test_ignore_eos_and_min_tokens_generate_past_the_end_of_sequence(url, served
 
 
 def test_top_k_one_is_greedy_and_repetition_penalty_changes_greedy_output(url, served):
-    body = {"prompt": "The river runs", "max_tokens": 12}
+    body = {"prompt": served.runtime.encode("The river runs"), "max_tokens": 12}  # token ids, a BOS first
     greedy = post(url, "/v1/completions", {**body, "temperature": 0}).json()["choices"][0]["text"]
     for seed in (1, 2, 3):
         top1 = post(url, "/v1/completions", {**body, "temperature": 1.0, "top_k": 1, "seed": seed}).json()
@@ -362,11 +365,11 @@ def test_top_k_one_is_greedy_and_repetition_penalty_changes_greedy_output(url, s
     assert post(url, "/v1/completions", {**body, "temperature": 0, "top_k": 5, "top_p": 0.1}).json()[
         "choices"][0]["text"] == greedy  # greedy ignores top-k and top-p
     rt = served.runtime
-    repeated = rt.stream(rt.encode(body["prompt"]), 12)
+    repeated = rt.stream(body["prompt"], 12)
     assert len(set(repeated)) <= 2  # the tiny model repeats itself...
     penalised = post(url, "/v1/completions", {**body, "temperature": 0, "repetition_penalty": 3.0}).json()
     assert penalised["choices"][0]["text"] != greedy  # ...and a penalty on seen tokens stops it
-    ids = list(rt.stream(rt.encode(body["prompt"]), 12, repetition_penalty=3.0))
+    ids = list(rt.stream(body["prompt"], 12, repetition_penalty=3.0))
     assert len(set(ids)) > 6 and rt.decode(ids) == penalised["choices"][0]["text"]
     assert post(url, "/v1/completions", {**body, "temperature": 0, "repetition_penalty": 1.0}).json()[
         "choices"][0]["text"] == greedy

@@ -53,7 +53,7 @@ def test_echo_without_generation_scores_every_prompt_token_like_nll(url, served)
 def test_echo_of_a_text_prompt_and_logprobs_of_generated_tokens(url, served):
     rt = served.runtime
     prompt = "Stones in the water"
-    ids = rt.encode(prompt)
+    ids = served.tokenize(prompt)  # as the model's HF tokenizer gives them
     # lm-eval's local-completions asks for one generated token and drops its entry
     one = post(url, "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1,
                                         "temperature": 0}).json()["choices"][0]
@@ -115,3 +115,138 @@ max_drop = 0.5
     cand = rows(tmp_path / "r" / "eval.tiny.candidate.scores.jsonl")
     assert len(cand) == 8 and [r["score"] for r in base] == [r["score"] for r in cand]
     assert result.gates[0]["verdict"] == "pass" and result.evals["eval.tiny.candidate"]["runtime"] == "endpoint"
+
+
+@pytest.fixture(scope="module")
+def stopping_model(tiny_model, tmp_path_factory):
+    """The tiny model with every even token id an end-of-sequence id (a generation_config.json list, as
+    Llama 3 ships): about half the greedy next tokens end the generation at once."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("stopping") / "tiny-stops"
+    shutil.copytree(tiny_model, folder)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": list(range(0, vocab, 2))}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def stopping(stopping_model):
+    served = load_model(stopping_model, max_model_len=MAX_LEN, name="tiny")
+    with running(served) as base:
+        yield served, base
+
+
+def greedy_next(rt, ids: list[int]) -> int:
+    return int(rt.logits(ids)[-1].argmax())
+
+
+def test_a_stop_token_generated_is_counted_and_scored_as_vllm_does(stopping):
+    served, url = stopping
+    rt = served.runtime
+    texts = ["The river ran past the old mill.", "Stones in the water", "A short one.", "Once upon a time",
+             "The sea", "Question: what is it?\nAnswer:"]
+    prompts = [rt.encode(t, bos=False) for t in texts]
+    ending = [ids for ids in prompts if greedy_next(rt, ids) in rt.eos_ids]
+    going = [ids for ids in prompts if greedy_next(rt, ids) not in rt.eos_ids]
+    assert ending and going
+    for ids in ending + going:  # lm-eval's loglikelihood request
+        body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+        answer = post(url, "/v1/completions", body).json()
+        choice, lp = answer["choices"][0], answer["choices"][0]["logprobs"]
+        stop = greedy_next(rt, ids)
+        assert answer["usage"]["completion_tokens"] == 1  # the stop token is generated, as vLLM counts it
+        assert len(lp["token_logprobs"]) == len(ids) + 1
+        assert lp["token_logprobs"][-1] == pytest.approx(-rt.nll([ids + [stop]], [1])[0], abs=1e-4)
+        assert -sum(lp["token_logprobs"][1:-1]) == pytest.approx(rt.nll([ids], [len(ids) - 1])[0], abs=1e-4)
+        if stop in rt.eos_ids:
+            assert choice["finish_reason"] == "stop" and choice["text"] == rt.decode(ids)  # not in the text
+        else:
+            assert choice["finish_reason"] == "length"
+    streamed_usage = None
+    import httpx
+
+    body = {"prompt": ending[0], "max_tokens": 5, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                import json
+
+                chunk = json.loads(line[6:])
+                streamed_usage = chunk.get("usage") or streamed_usage
+    assert streamed_usage["completion_tokens"] == 1
+
+
+def test_lm_eval_local_completions_loglikelihoods_equal_the_runtimes_own(stopping, stopping_model):
+    """lm-eval's own local-completions model against llmopt serve: each request's log-likelihood and
+    is_greedy as the runtime scores the same tokens, also where the token generated after the
+    continuation is an end-of-sequence id (lm-eval drops the last entry as the generated token's)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from conftest import DATA
+
+    served, url = stopping
+    rt = served.runtime
+    lm = LocalCompletionsAPI(base_url=url + "/v1/completions", model="tiny", tokenizer=str(stopping_model),
+                             tokenizer_backend="huggingface", num_concurrent=1, max_retries=1)
+    import json
+
+    items = [json.loads(line) for line in (DATA / "mc.jsonl").read_text().splitlines()[:4]]
+    pairs = [(f"Question: {item['question']}\nAnswer:", f" {choice}") for item in items for choice in item["choices"]]
+    requests_ = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    theirs = lm.loglikelihood(requests_, disable_tqdm=True)
+    ended = 0
+    for (context, continuation), (value, greedy) in zip(pairs, theirs):
+        ctx_ids, cont_ids = lm._encode_pair(context, continuation)
+        ids = ctx_ids + cont_ids
+        logits = rt.logits(ids)
+        ended += int(logits[-1].argmax()) in rt.eos_ids
+        assert value == pytest.approx(-rt.nll([ids], [len(cont_ids)])[0], abs=1e-4)
+        picks = [int(logits[t].argmax()) for t in range(len(ctx_ids) - 1, len(ids) - 1)]
+        assert greedy == (picks == cont_ids)
+    assert ended >= 2  # the case lm-eval got wrong: the generated token was a stop id
+
+
+def test_text_prompts_are_tokenized_as_the_models_hf_tokenizer_does(url, served, tiny_model, tmp_path):
+    """A text prompt gets exactly AutoTokenizer's ids, special tokens only where it adds them: none for the
+    tiny model's tokenizer, a BOS for a copy whose post-processor adds one; text and ids score the same."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    text = "The river ran past the old mill and into the sea."
+    for folder, bos in ((tiny_model, False), (with_bos_post_processor(tiny_model, tmp_path / "bos"), True)):
+        hf = AutoTokenizer.from_pretrained(folder)
+        ids = hf(text)["input_ids"]
+        assert (ids[0] == hf.bos_token_id) == bos
+        model = load_model(folder, max_model_len=MAX_LEN, name="tiny")
+        assert model.tokenize(text) == ids and model.tokenize(text, special=False) == hf(text, add_special_tokens=False)["input_ids"]
+    body = {"echo": True, "logprobs": 1, "max_tokens": 0}
+    as_text = post(url, "/v1/completions", {**body, "prompt": text}).json()
+    as_ids = post(url, "/v1/completions", {**body, "prompt": AutoTokenizer.from_pretrained(tiny_model)(text)["input_ids"]}).json()
+    assert as_text["usage"] == as_ids["usage"] and as_text["usage"]["prompt_tokens"] == len(served.tokenize(text))
+    assert as_text["choices"][0]["logprobs"] == as_ids["choices"][0]["logprobs"]
+    assert as_text["choices"][0]["text"] == text
+
+
+def with_bos_post_processor(tiny_model, folder):
+    """A copy of the tiny model whose tokenizer.json adds <s> to every text (as Llama's does)."""
+    import json
+    import shutil
+
+    shutil.copytree(tiny_model, folder)
+    path = folder / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    bos = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<s>")
+    tok["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                             "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"Sequence": {"id": "B", "type_id": 1}}],
+                             "special_tokens": {"<s>": {"id": "<s>", "ids": [bos], "tokens": ["<s>"]}}}
+    path.write_text(json.dumps(tok))
+    return folder

@@ -164,7 +164,7 @@ def completion_prompt(body: schemas.CompletionRequest, served: ServedModel) -> l
                            param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return served.runtime.encode(prompt, bos=True)
+        return served.tokenize(prompt)
     if not prompt:
         raise ApiError(400, "the prompt is empty", param="prompt")
     bad = [t for t in prompt if t < 0 or (served.vocab_size is not None and t >= served.vocab_size)]
@@ -183,7 +183,7 @@ def chat_prompt(body: schemas.ChatCompletionRequest, served: ServedModel) -> lis
         raise ApiError(400, f"{exc}; use /v1/completions, or add chat_template.jinja to the model folder") from None
     except TemplateError as exc:
         raise ApiError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from None
-    return served.runtime.encode(text, bos=False)
+    return served.tokenize(text, special=False)
 
 
 def make_job(endpoint: str, body: schemas.Sampling, prompt_ids: list[int], max_tokens: int | None,

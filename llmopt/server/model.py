@@ -31,6 +31,15 @@ class ServedModel:
     vocab_size: int | None = None
     identity: dict | None = None  # what answers: the model files' digest, the runtime and its libraries
     device: str = "cpu"
+    tokenizer: Any = None  # the model folder's Hugging Face tokenizer; opened when first needed
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of a text prompt as the model's Hugging Face tokenizer gives them: its special tokens
+        (a BOS...) only where it adds them itself, as vLLM tokenizes a completion prompt; ``special=False``:
+        none, for a rendered chat template, which writes its own."""
+        if self.tokenizer is None:
+            self.tokenizer = hf_tokenizer(self.runtime, self.model_dir)
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
 RUNTIME_LIBRARIES = ("onnxruntime-genai", "onnxruntime", "torch", "transformers")
@@ -114,6 +123,16 @@ def max_len(context: int | None, requested: int | None, model_dir: Path) -> int:
         raise UsageError("the model's context length is not in its config", where=str(model_dir),
                          fix="pass --max-model-len N")
     return int(context)
+
+
+def hf_tokenizer(runtime: Any, model_dir: Path):
+    """The runtime's own transformers tokenizer when it has one, else the folder's (AutoTokenizer)."""
+    own = getattr(runtime, "tokenizer", None)
+    if callable(getattr(own, "convert_ids_to_tokens", None)):
+        return own
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(model_dir)
 
 
 def load_model(path: Path, runtime: str = "auto", device: str = "cpu", max_model_len: int | None = None,
