@@ -412,8 +412,8 @@ def test_request_errors_answer_openai_error_json(url):
     assert f"maximum context length is {MAX_LEN} tokens" in long_prompt.json()["error"]["message"]
     too_many = post(url, "/v1/completions", {"prompt": "river", "max_tokens": MAX_LEN})
     assert too_many.status_code == 400 and too_many.json()["error"]["code"] == "context_length_exceeded"
-    unsupported = post(url, "/v1/chat/completions", {"messages": MESSAGES, "n": 3})
-    assert unsupported.status_code == 400 and "n=3 is not supported" in unsupported.json()["error"]["message"]
+    unsupported = post(url, "/v1/chat/completions", {"messages": MESSAGES, "presence_penalty": 0.5})
+    assert unsupported.status_code == 400 and "presence_penalty=0.5 is not supported" in unsupported.text
     out_of_range = post(url, "/v1/completions", {"prompt": "x", "temperature": 3})
     assert out_of_range.status_code == 400 and out_of_range.json()["error"]["param"] == "temperature"
     refused = {"min_tokens (9) must be at most max_tokens (4)": {"min_tokens": 9, "max_tokens": 4},
@@ -425,8 +425,8 @@ def test_request_errors_answer_openai_error_json(url):
         assert answer.status_code == 400 and message in answer.json()["error"]["message"], answer.text
     for extra in ({"repetition_penalty": 0}, {"logprobs": 21}, {"top_k": -2}, {"min_tokens": -1}):
         assert post(url, "/v1/completions", {"prompt": "x", **extra}).json()["error"]["param"] == next(iter(extra))
-    assert "logprobs=True is not supported" in post(url, "/v1/chat/completions", {"messages": MESSAGES,
-                                                                                  "logprobs": True}).text
+    assert "without stream only" in post(url, "/v1/chat/completions", {"messages": MESSAGES, "logprobs": True,
+                                                                       "stream": True}).text
     after = metrics(url)
     assert requests(after, "completions", "invalid") - requests(before, "completions", "invalid") == 14
     assert requests(after, "chat", "invalid") - requests(before, "chat", "invalid") == 2
@@ -638,3 +638,44 @@ def test_onnx_model_folder_is_served_like_the_transformers_one(chat_model, url, 
         sampled = {"prompt": "The river runs", "max_tokens": 10, "temperature": 0.9, "seed": 4}
         plain = post(onnx_url, "/v1/completions", sampled).json()["choices"][0]["text"]
         assert "".join(c["choices"][0]["text"] for c in streamed(onnx_url, "/v1/completions", sampled)[:-1]) == plain
+
+
+def test_several_prompts_n_choices_chat_logprobs_and_many_stops(url, served):
+    """What lm-eval, GuideLLM and the openai client send beyond one prompt and one choice, answered as vLLM
+    answers it: choices in order (prompt i's k-th at i * n + k), usage summed, any number of stop strings."""
+    rt = served.runtime
+    prompts = ["The river runs past the mill", "Stones in the water"]
+    one = [post(url, "/v1/completions", {"prompt": p, "max_tokens": 6, "temperature": 0}).json() for p in prompts]
+    both = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 6, "temperature": 0, "n": 2}).json()
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in both["choices"]] == [one[0]["choices"][0]["text"]] * 2 + [one[1]["choices"][0]["text"]] * 2
+    assert both["usage"]["prompt_tokens"] == sum(o["usage"]["prompt_tokens"] for o in one)
+    assert both["usage"]["completion_tokens"] == 2 * sum(o["usage"]["completion_tokens"] for o in one)
+    ids = [served.tokenize(p) for p in prompts]  # lm-eval's batched log-likelihood request: token-id lists
+    scored = post(url, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                           "temperature": 0}).json()
+    for choice, p in zip(scored["choices"], ids):
+        single = post(url, "/v1/completions", {"prompt": p, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                               "temperature": 0}).json()["choices"][0]
+        assert choice["logprobs"] == single["logprobs"] and choice["text"] == single["text"]
+    sampled = post(url, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "n": 3, "seed": 5}).json()
+    again = post(url, "/v1/completions", {"prompt": prompts[0], "max_tokens": 8, "n": 3, "seed": 5}).json()
+    assert [c["text"] for c in sampled["choices"]] == [c["text"] for c in again["choices"]]
+    assert len({c["text"] for c in sampled["choices"]}) > 1  # seed + k: the choices differ
+    # chat log-probabilities, OpenAI's shape, and n choices
+    chat = post(url, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5, "temperature": 0,
+                                              "logprobs": True, "top_logprobs": 2, "n": 2}).json()
+    assert len(chat["choices"]) == 2 and chat["choices"][0]["message"] == chat["choices"][1]["message"]
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"] // 2
+    assert "".join(c["token"] for c in content).startswith(chat["choices"][0]["message"]["content"])
+    for entry in content:
+        assert len(entry["top_logprobs"]) == 2 and entry["logprob"] == entry["top_logprobs"][0]["logprob"]  # greedy
+        assert entry["bytes"] == list(entry["token"].encode())
+    # more than 4 stop strings (lm-eval adds the tokenizer's eos to a task's 4)
+    text = one[0]["choices"][0]["text"]
+    stops = ["zzz1", "zzz2", "zzz3", "zzz4", "zzz5", text[2:4]]
+    stopped = post(url, "/v1/completions", {"prompt": prompts[0], "max_tokens": 6, "temperature": 0, "stop": stops})
+    assert stopped.status_code == 200 and stopped.json()["choices"][0]["text"] == text[: text.find(text[2:4])]
+    streamed_n = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 2, "stream": True})
+    assert streamed_n.status_code == 400 and "without stream only" in streamed_n.json()["error"]["message"]

@@ -69,19 +69,25 @@ def create_app(served: ServedModel, max_queue: int = 16, parallel: int = 1) -> F
     @app.post("/v1/completions")
     async def completions(body: schemas.CompletionRequest, request: Request):
         check_request(body, served)
-        prompt_ids = await asyncio.wrap_future(scheduler.call(completion_prompt, body, served))
+        prompts = await asyncio.wrap_future(scheduler.call(completion_prompts, body, served))
         reply = Reply("cmpl", served.name, chat=False)
         if body.max_tokens == 0:
-            return await score_prompt(body, prompt_ids, reply, served, scheduler, metrics)
-        job = make_job("completions", body, prompt_ids, body.max_tokens, served)
-        return await answer(request, job, body, reply, scheduler)
+            return await score_prompts(body, prompts, reply, served, scheduler, metrics)
+        jobs = [make_job("completions", body, ids, body.max_tokens, served, k) for ids in prompts for k in range(body.choices())]
+        if len(jobs) == 1:
+            return await answer(request, jobs[0], body, reply, scheduler)
+        return await answer_all(request, jobs, body, reply, scheduler, len(prompts))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: schemas.ChatCompletionRequest, request: Request):
         check_request(body, served)
         prompt_ids = await asyncio.wrap_future(scheduler.call(chat_prompt, body, served))
-        job = make_job("chat", body, prompt_ids, body.max_completion_tokens or body.max_tokens, served)
-        return await answer(request, job, body, Reply("chatcmpl", served.name, chat=True), scheduler)
+        limit = body.max_completion_tokens or body.max_tokens
+        jobs = [make_job("chat", body, prompt_ids, limit, served, k) for k in range(body.choices())]
+        reply = Reply("chatcmpl", served.name, chat=True)
+        if len(jobs) == 1 and not body.logprobs:
+            return await answer(request, jobs[0], body, reply, scheduler)
+        return await answer_all(request, jobs, body, reply, scheduler, 1)
 
     @app.get("/v1/models")
     async def models() -> schemas.ModelList:
@@ -151,18 +157,19 @@ def check_request(body: schemas.Sampling, served: ServedModel) -> None:
     if not hasattr(served.runtime, "stream") and needs_stream(job_of(body, [], 1)):
         raise ApiError(400, f"the {served.runtime.name} runtime can only generate greedily to the end of the "
                        "text: pass temperature 0, no repetition_penalty, min_tokens or ignore_eos")
-    if isinstance(body, schemas.CompletionRequest) and body.logprobs is not None \
-            and not hasattr(served.runtime, "logits"):
+    asks = body.logprobs is not None if isinstance(body, schemas.CompletionRequest) else bool(body.logprobs)
+    if asks and not hasattr(served.runtime, "logits"):
         raise ApiError(400, f"the {served.runtime.name} runtime cannot return log-probabilities", param="logprobs")
 
 
-def completion_prompt(body: schemas.CompletionRequest, served: ServedModel) -> list[int]:
+def completion_prompts(body: schemas.CompletionRequest, served: ServedModel) -> list[list[int]]:
+    """The token ids of each prompt of the request (a text, token ids, or a list of either)."""
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise ApiError(400, "one prompt per request is supported; send the others as separate requests",
-                           param="prompt")
-        prompt = prompt[0]
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+    return [prompt_ids(p, served) for p in prompts]
+
+
+def prompt_ids(prompt: str | list[int], served: ServedModel) -> list[int]:
     if isinstance(prompt, str):
         return served.tokenize(prompt)
     if not prompt:
@@ -187,13 +194,17 @@ def chat_prompt(body: schemas.ChatCompletionRequest, served: ServedModel) -> lis
 
 
 def make_job(endpoint: str, body: schemas.Sampling, prompt_ids: list[int], max_tokens: int | None,
-             served: ServedModel) -> Job:
-    """A job, once the prompt and the completion fit the served context."""
+             served: ServedModel, choice: int = 0) -> Job:
+    """A job, once the prompt and the completion fit the served context; ``choice`` k of ``n`` samples
+    with ``seed + k`` when a seed is given, so that the n choices differ and repeat."""
     limit, n_prompt = served.max_model_len, len(prompt_ids)
     if max_tokens is None:  # chat without a limit: up to the end of the context
         max_tokens = limit - n_prompt
     check_length(n_prompt, max_tokens, limit)
-    return job_of(body, prompt_ids, max_tokens, endpoint)
+    job = job_of(body, prompt_ids, max_tokens, endpoint)
+    if choice and job.seed is not None:
+        job.seed += choice
+    return job
 
 
 def check_length(n_prompt: int, max_tokens: int, limit: int, least: int = 1) -> None:
@@ -212,34 +223,44 @@ def job_of(body: schemas.Sampling, prompt_ids: list[int], max_tokens: int, endpo
                ignore_eos=body.ignore_eos)
 
 
-async def score_prompt(body: schemas.CompletionRequest, prompt_ids: list[int], reply: "Reply", served: ServedModel,
-                       scheduler: Scheduler, metrics: Metrics):
-    """``echo`` with ``max_tokens=0``: the prompt with its log-probabilities, nothing generated."""
-    check_length(len(prompt_ids), 0, served.max_model_len, least=0)
-    if not prompt_ids:
-        raise ApiError(400, "the prompt is empty: there is nothing to echo", param="prompt")
-    started = time.monotonic()
-    text, scores = await scored(scheduler, body, prompt_ids, [], "")
-    metrics.finished("completions", "ok", len(prompt_ids), 0, time.monotonic() - started)
-    usage = reply.usage_of(len(prompt_ids), 0)
-    return JSONResponse(reply.full(text, "length", usage, scores))
+async def score_prompts(body: schemas.CompletionRequest, prompts: list[list[int]], reply: "Reply",
+                        served: ServedModel, scheduler: Scheduler, metrics: Metrics):
+    """``echo`` with ``max_tokens=0``: each prompt with its log-probabilities, nothing generated (``n``
+    copies of each: there is nothing to sample)."""
+    for ids in prompts:
+        check_length(len(ids), 0, served.max_model_len, least=0)
+        if not ids:
+            raise ApiError(400, "the prompt is empty: there is nothing to echo", param="prompt")
+    choices = []
+    for index, ids in enumerate(prompts):
+        started = time.monotonic()
+        text, scores = await scored(scheduler, body, ids, [], "", index)
+        metrics.finished("completions", "ok", len(ids), 0, time.monotonic() - started)
+        choices += [(text, "length", scores)] * body.choices()
+    usage = reply.usage_of(sum(len(ids) for ids in prompts), 0)
+    return JSONResponse(reply.full_choices(choices, usage))
 
 
-async def scored(scheduler: Scheduler, body: schemas.CompletionRequest, prompt_ids: list[int], generated: list[int],
-                 text: str) -> tuple[str, dict | None]:
-    """The choice's text and logprobs with ``echo`` / ``logprobs``, computed on the worker thread."""
+async def scored(scheduler: Scheduler, body: schemas.Sampling, prompt_ids: list[int], generated: list[int],
+                 text: str, index: int = 0) -> tuple[str, dict | None]:
+    """The choice's text and logprobs (completions: with ``echo`` / ``logprobs``; chat: with ``logprobs``),
+    computed on the worker thread; ``index``: which of the request's prompts."""
+    if isinstance(body, schemas.ChatCompletionRequest):
+        call = (logprobs.chat_logprobs, scheduler.runtime, prompt_ids, generated, body.top_logprobs or 0)
+    else:
+        call = (logprobs.choice_parts, scheduler.runtime, prompt_ids, prompt_string(body, index), generated, text,
+                bool(body.echo), body.logprobs)
     try:
-        return await asyncio.wrap_future(scheduler.call(logprobs.choice_parts, scheduler.runtime, prompt_ids,
-                                                        prompt_string(body), generated, text, bool(body.echo),
-                                                        body.logprobs))
+        result = await asyncio.wrap_future(scheduler.call(*call))
     except Exception as exc:  # the runtime could not score: this request fails, not the server
         raise ApiError(500, f"scoring the tokens failed: {type(exc).__name__}: {exc}", kind="server_error") from None
+    return (text, result) if isinstance(body, schemas.ChatCompletionRequest) else result
 
 
-def prompt_string(body: schemas.CompletionRequest) -> str | None:
-    """The prompt as the client wrote it, when it is text (what ``echo`` returns); None for token ids."""
-    prompt = body.prompt[0] if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str) \
-        else body.prompt
+def prompt_string(body: schemas.CompletionRequest, index: int = 0) -> str | None:
+    """Prompt ``index`` as the client wrote it, when it is text (what ``echo`` returns); None for token ids."""
+    prompt = body.prompt[index] if isinstance(body.prompt, list) and body.prompt \
+        and isinstance(body.prompt[0], (str, list)) else body.prompt
     return prompt if isinstance(prompt, str) else None
 
 
@@ -261,9 +282,58 @@ async def answer(request: Request, job: Job, body: schemas.Sampling, reply: "Rep
         return Response(status_code=499)  # nobody reads it
     text, finish, completion_tokens = done
     scores = None
-    if isinstance(body, schemas.CompletionRequest) and (body.echo or body.logprobs is not None):
+    if wants_scores(body):
         text, scores = await scored(scheduler, body, job.prompt_ids, job.tokens, text)
     return JSONResponse(reply.full(text, finish, reply.usage(job, completion_tokens), scores))
+
+
+async def answer_all(request: Request, jobs: list[Job], body: schemas.Sampling, reply: "Reply",
+                     scheduler: Scheduler, prompts: int):
+    """Several choices (``n`` > 1, several prompts, or chat with ``logprobs``): every job queued at once
+    (all or none: a full queue refuses the request), the answers gathered into one JSON answer, choice
+    ``i * n + k`` the k-th of prompt i, as vLLM orders them."""
+    if body.stream:
+        raise ApiError(400, "stream is supported with one choice only: send n=1 and one prompt, or stream=false",
+                       param="stream")
+    loop = asyncio.get_running_loop()
+    queues = []
+    for job in jobs:
+        events = asyncio.Queue()
+        job.emit = lambda event, events=events: loop.call_soon_threadsafe(events.put_nowait, event)
+        queues.append(events)
+    submitted = []
+    try:
+        for job in jobs:
+            scheduler.submit(job)
+            submitted.append(job)
+    except QueueFull as exc:
+        for job in submitted:
+            scheduler.cancel(job)
+        raise ApiError(429, f"The server is busy: {exc}. Retry shortly.", kind="rate_limit_exceeded",
+                       code="rate_limit_exceeded") from None
+    try:
+        done = await asyncio.gather(*(collect(request, job, events, scheduler) for job, events in zip(jobs, queues)))
+    finally:
+        for job in jobs:
+            scheduler.cancel(job)
+    if any(d is None for d in done):
+        return Response(status_code=499)
+    per_prompt = len(jobs) // prompts
+    choices, completion = [], 0
+    for i, (job, (text, finish, tokens)) in enumerate(zip(jobs, done)):
+        completion += tokens
+        scores = None
+        if wants_scores(body):
+            text, scores = await scored(scheduler, body, job.prompt_ids, job.tokens, text, i // per_prompt)
+        choices.append((text, finish, scores))
+    prompt_tokens = sum(len(job.prompt_ids) for job in jobs[::per_prompt])
+    return JSONResponse(reply.full_choices(choices, reply.usage_of(prompt_tokens, completion)))
+
+
+def wants_scores(body: schemas.Sampling) -> bool:
+    if isinstance(body, schemas.ChatCompletionRequest):
+        return bool(body.logprobs)
+    return bool(body.echo) or body.logprobs is not None
 
 
 async def collect(request: Request, job: Job, events: asyncio.Queue, scheduler: Scheduler):
@@ -341,12 +411,18 @@ class Reply:
                              total_tokens=prompt_tokens + completion_tokens)
 
     def full(self, text: str, finish: str, usage: schemas.Usage, scores: dict | None = None) -> dict:
+        return self.full_choices([(text, finish, scores)], usage)
+
+    def full_choices(self, choices: list[tuple[str, str, dict | None]], usage: schemas.Usage) -> dict:
+        """The answer with one choice per (text, finish_reason, logprobs), indexed in order."""
         head = {"id": self.id, "created": self.created, "model": self.model, "usage": usage}
         if self.chat:
-            choice = schemas.ChatChoice(message=schemas.ChatMessage(content=text), finish_reason=finish)
-            return schemas.ChatCompletion(**head, choices=[choice]).model_dump(mode="json")
-        choice = schemas.CompletionChoice(text=text, finish_reason=finish, logprobs=scores)
-        return schemas.Completion(**head, choices=[choice]).model_dump(mode="json")
+            chat = [schemas.ChatChoice(index=i, message=schemas.ChatMessage(content=text), finish_reason=finish,
+                                       logprobs=scores) for i, (text, finish, scores) in enumerate(choices)]
+            return schemas.ChatCompletion(**head, choices=chat).model_dump(mode="json")
+        plain = [schemas.CompletionChoice(index=i, text=text, finish_reason=finish, logprobs=scores)
+                 for i, (text, finish, scores) in enumerate(choices)]
+        return schemas.Completion(**head, choices=plain).model_dump(mode="json")
 
     def chunk(self, text: str | None, finish: str | None, role: bool = False,
               usage: schemas.Usage | None = None) -> dict:

@@ -91,3 +91,20 @@ def named(decode, ids: list[int], position: int, entry: list[tuple[int, float]])
     for token, value in sorted(entry, key=lambda pair: -pair[1]):
         out.setdefault(piece(decode, context, token), value)
     return out
+
+
+def chat_logprobs(runtime, prompt_ids: list[int], generated: list[int], top: int) -> dict:
+    """Chat's ``logprobs``: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
+    for each generated token, OpenAI's shape; ``top`` most likely tokens at each position."""
+    if not generated:
+        return {"content": []}
+    ids = prompt_ids + generated
+    token_lp, top_lp = sequence_logprobs(runtime, ids, max(top, 1))
+    content = []
+    for t in range(len(prompt_ids), len(ids)):
+        text = piece(runtime.decode, ids[max(0, t - WINDOW) : t], ids[t])
+        alternatives = [(piece(runtime.decode, ids[max(0, t - WINDOW) : t], i), v) for i, v in top_lp[t][:top]]
+        content.append({"token": text, "logprob": token_lp[t], "bytes": list(text.encode("utf-8")),
+                        "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode("utf-8"))}
+                                         for a, v in alternatives]})
+    return {"content": content}

@@ -4,8 +4,9 @@ Requests are strict, as OpenAI's API is: an argument the API does not know is a
 400 ("Unrecognized request argument supplied"). Besides OpenAI's arguments, the
 sampling extensions of vLLM's OpenAI server that benchmark clients send are
 implemented as vLLM defines them: ``top_k``, ``repetition_penalty``, ``ignore_eos``,
-``min_tokens`` and ``stream_options.continuous_usage_stats``. Arguments OpenAI knows
-but llmopt does not implement (``n`` > 1, chat log-probabilities, presence and
+``min_tokens`` and ``stream_options.continuous_usage_stats``. ``n`` > 1, several prompts
+in one completion request and chat log-probabilities are served without ``stream``.
+Arguments OpenAI knows but llmopt does not implement (``best_of``, presence and
 frequency penalties, tools...) are accepted at their no-op values and answered 400
 otherwise, so a client never gets silently different behaviour.
 """
@@ -61,17 +62,22 @@ class Sampling(Strict):
     ignore_eos: bool = Field(False, description="vLLM: do not stop at the end-of-sequence token; generate max_tokens.")
     min_tokens: int = Field(0, ge=0, description="vLLM: no end-of-sequence token and no stop string before this "
                             "many tokens.")
-    stop: Union[str, list[str], None] = Field(None, description="Up to 4 strings that end the completion (not included).")
+    stop: Union[str, list[str], None] = Field(None, description="Strings that end the completion (not included); "
+                                              "any number, as vLLM takes them.")
     seed: Optional[int] = Field(None, description="Seed of the sampler: the same seed, prompt and arguments repeat an answer.")
     stream: bool = Field(False, description="Send server-sent events as tokens are generated.")
     stream_options: Optional[StreamOptions] = Field(None, description="Options of a streamed answer.")
-    n: Optional[int] = Field(None, description="Choices per prompt; only 1 is supported.")
+    n: Optional[int] = Field(None, ge=1, description="Choices per prompt (without stream); with a seed, choice k "
+                             "samples with seed + k.")
     presence_penalty: Optional[float] = Field(None, description="Not supported (0 only).")
     frequency_penalty: Optional[float] = Field(None, description="Not supported (0 only).")
     logit_bias: Optional[dict[str, float]] = Field(None, description="Not supported.")
     user: Optional[str] = Field(None, description="An end-user id; accepted and ignored.")
 
-    IMPLEMENTED: ClassVar[tuple[str, ...]] = ()  # NO_OP arguments this endpoint implements
+    IMPLEMENTED: ClassVar[tuple[str, ...]] = ("n",)  # NO_OP arguments this endpoint implements
+
+    def choices(self) -> int:
+        return self.n or 1
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -92,8 +98,6 @@ class Sampling(Strict):
         for name, values in NO_OP.items():
             if name in type(self).model_fields and name not in self.IMPLEMENTED and getattr(self, name) not in values:
                 return f"{name}={getattr(self, name)!r} is not supported by this server"
-        if len(self.stops()) > 4:
-            return "stop takes at most 4 strings"
         limit = self.limit()
         if limit is not None and self.min_tokens > limit:
             return f"min_tokens ({self.min_tokens}) must be at most max_tokens ({limit})"
@@ -102,7 +106,7 @@ class Sampling(Strict):
 
 class CompletionRequest(Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]] = Field(
-        description="The prompt: text or token ids (one prompt per request).")
+        description="The prompt: text or token ids, or a list of prompts (one choice each, or n).")
     max_tokens: Optional[int] = Field(16, ge=0, description="Most tokens to generate (OpenAI's default: 16); 0 only "
                                       "with echo: score the prompt, generate nothing.")
     echo: Optional[bool] = Field(None, description="Return the prompt before the completion (with its "
@@ -112,13 +116,16 @@ class CompletionRequest(Sampling):
     best_of: Optional[int] = Field(None, description="Not supported (1 only).")
     suffix: Optional[str] = Field(None, description="Not supported.")
 
-    IMPLEMENTED: ClassVar[tuple[str, ...]] = ("echo", "logprobs")
+    IMPLEMENTED: ClassVar[tuple[str, ...]] = ("n", "echo", "logprobs")
 
     def unsupported(self) -> str | None:
         if self.max_tokens == 0 and not self.echo:
             return "max_tokens must be at least 1 (0 only with echo=true, to score the prompt)"
         if self.stream and (self.echo or self.logprobs is not None):
             return "echo and logprobs are supported without stream only"
+        if self.stream and (self.choices() > 1 or isinstance(self.prompt, list) and len(self.prompt) > 1
+                            and isinstance(self.prompt[0], (str, list))):
+            return "n > 1 and several prompts are supported without stream only"
         return super().unsupported()
 
 
@@ -141,8 +148,10 @@ class Message(Strict):
 class ChatCompletionRequest(Sampling):
     messages: list[Message] = Field(min_length=1, description="The conversation so far.")
     max_completion_tokens: Optional[int] = Field(None, ge=1, description="Most tokens to generate (same as max_tokens).")
-    logprobs: Optional[bool] = Field(None, description="Not supported.")
-    top_logprobs: Optional[int] = Field(None, description="Not supported.")
+    logprobs: Optional[bool] = Field(None, description="Return each generated token's log-probability "
+                                     "(choices[i].logprobs.content; without stream).")
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS, description="With logprobs: this many of the "
+                                        "most likely tokens at each position.")
     tools: Optional[list[dict[str, Any]]] = Field(None, description="Not supported.")
     tool_choice: Union[str, dict[str, Any], None] = Field(None, description="Not supported.")
     parallel_tool_calls: Optional[bool] = Field(None, description="Accepted and ignored (no tools).")
@@ -150,8 +159,17 @@ class ChatCompletionRequest(Sampling):
     store: Optional[bool] = Field(None, description="Accepted and ignored: nothing is stored.")
     metadata: Optional[dict[str, str]] = Field(None, description="Accepted and ignored.")
 
+    IMPLEMENTED: ClassVar[tuple[str, ...]] = ("n", "logprobs", "top_logprobs")
+
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def unsupported(self) -> str | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs needs logprobs=true"
+        if self.stream and (self.choices() > 1 or self.logprobs):
+            return "n > 1 and logprobs are supported without stream only"
+        return super().unsupported()
 
 
 class Usage(BaseModel):
@@ -196,7 +214,7 @@ class ChatMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessage
-    logprobs: None = None
+    logprobs: Optional[dict] = None
     finish_reason: Optional[str] = None
 
 
