@@ -519,7 +519,7 @@ def _held_out(loaded: LoadedRecipe, index: int, item, training: str, training_fi
 
 def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None, gpu: GPU | None) -> list[Problem]:
     """Rules that no single backend can judge alone."""
-    problems: list[Problem] = []
+    problems: list[Problem] = node_problems(loaded, gpu)
     quantizers = [s for s in stages if s.kind == "compress" and getattr(s.impl, "quantizes", False)]
     for later in quantizers[1:]:
         problems.append(Problem(
@@ -546,6 +546,20 @@ def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo
         for stage in produced:  # the artifact carries every step's format (2:4 zeros under int4 weights)
             problems += _handed_over(loaded, stage, rules, f"served by {serve.backend}", gpu)
     return problems
+
+
+def node_problems(loaded: LoadedRecipe, gpu: GPU | None) -> list[Problem]:
+    """``[target] count`` is the GPUs of one node: more than the catalogue's node holds is an error whose
+    fix spreads them over ``nodes``."""
+    target = loaded.recipe.target
+    if gpu is None or target.count <= gpu.gpus_per_node:
+        return []
+    per_node = gpu.gpus_per_node
+    nodes = -(-target.count // per_node) * target.nodes
+    return [Problem(f"[target] count = {target.count} GPUs of one node, but a {gpu.name} node holds at most "
+                    f"{per_node}", loaded.where("target", "count"),
+                    f"set count = {per_node} and nodes = {nodes}: tensor parallel stays within a node and "
+                    "pipeline parallel spans the nodes")]
 
 
 def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: GPU | None) -> list[Problem]:

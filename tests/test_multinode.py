@@ -254,3 +254,11 @@ def test_vllms_own_parser_builds_the_engine_config_of_the_two_node_replica(tmp_p
     engine = result["engine"]
     assert (engine["tensor_parallel_size"], engine["pipeline_parallel_size"]) == (8, 2)
     assert engine["max_model_len"] == 4096
+
+
+def test_count_above_the_catalogues_gpus_per_node_is_a_plan_error_with_the_nodes_fix(tmp_path):
+    """[target] count = 16 of H100-SXM-80GB planned tensor parallel 16 on one node; an HGX node holds 8."""
+    assert H100.gpus_per_node == 8
+    errors = plan_errors(tmp_path, "vllm", config=LLAMA_405B, target='gpu = "H100-SXM-80GB"\ncount = 16')
+    assert any("count = 16 GPUs of one node, but a H100-SXM-80GB node holds at most 8" in e
+               and "set count = 8 and nodes = 2" in e for e in errors), errors

@@ -3,6 +3,10 @@
 ``memory_gib`` is the memory the CUDA driver reports as total (a little below the
 marketing figure); ``bandwidth_gbs`` is the vendor's peak memory bandwidth in GB/s;
 ``cc`` is the CUDA compute capability. Facts from the vendors' data sheets.
+``gpus_per_node`` is the most GPUs of the kind one node (machine) holds: 8 for the
+SXM boards (an HGX / DGX board holds 8) and for the PCIe and consumer cards (8 in
+the largest common servers: AWS g5.48xlarge with 8 A10G, g6.48xlarge with 8 L4,
+8-slot L40S / RTX servers); a recipe's ``[target] count`` is at most this.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class GPU:
     bandwidth_gbs: float
     arch: str
     aliases: tuple[str, ...] = ()
+    gpus_per_node: int = 8
 
     @property
     def memory_bytes(self) -> int:
