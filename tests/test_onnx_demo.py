@@ -67,6 +67,20 @@ def test_onnx_tokenizer_encodes_exactly_as_hugging_face(tmp_path, demo_cache):
     mismatched = [s for s in strings if list(tok.encode(s)) != hf.encode(s, add_special_tokens=False)]
     assert len(strings) == 200 and not mismatched, mismatched[:5]
     assert tok.decode(hf.encode("Hello world", add_special_tokens=False)) == "Hello world"
+    # the artifact's special tokens are the GGUF's own (transformers' GGUF reader says eos <|im_start|>)
+    model = result.artifact / "model"
+    assert json.loads((model / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+    assert json.loads((model / "genai_config.json").read_text())["model"]["eos_token_id"] in (2, [2])
+    # llmopt serve tokenizes a text prompt as the source's own HF tokenizer (AutoTokenizer of the GGUF) does
+    from llmopt.modelinfo import gguf_path
+    from llmopt.server import load_model
+
+    gguf = gguf_path("builtin:smollm2-135m")
+    source = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    served = load_model(result.artifact, name="demo")
+    assert served.runtime.eos_ids == {2} and served.tokenize("hi") == [6004]
+    mismatched = [s for s in strings if served.tokenize(s) != source(s)["input_ids"]]
+    assert not mismatched, mismatched[:5]
 
 
 def test_w4a16_onnx_perplexity_matches_the_pytorch_checkpoint(tmp_path, demo_cache):
