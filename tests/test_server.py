@@ -448,6 +448,8 @@ def test_full_queue_answers_429_and_waiting_requests_are_served(slow_url):
         refused = post(slow_url, "/v1/completions", {"prompt": "third", "max_tokens": 2})
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "rate_limit_exceeded" and refused.headers["retry-after"] == "1"
+        assert "llmopt serve --max-queue 1; a client that keeps N requests in flight needs --max-queue N - 1" \
+            in refused.json()["error"]["message"]  # what a load generator's user needs to know
     # leaving the block disconnects the first client, which frees the worker for the second
     assert waiting.result(timeout=60).status_code == 200
     after = metrics(slow_url)
@@ -679,3 +681,16 @@ def test_several_prompts_n_choices_chat_logprobs_and_many_stops(url, served):
     assert stopped.status_code == 200 and stopped.json()["choices"][0]["text"] == text[: text.find(text[2:4])]
     streamed_n = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 2, "stream": True})
     assert streamed_n.status_code == 400 and "without stream only" in streamed_n.json()["error"]["message"]
+
+
+def test_default_queue_holds_a_load_generators_sweep_or_the_recipes_workload(tmp_path, tiny_model):
+    """GuideLLM's default sweep keeps up to 512 requests in flight, where the queue held 16."""
+    from llmopt.server.model import SWEEP_QUEUE, default_queue
+
+    assert SWEEP_QUEUE == 512 and default_queue(tiny_model) == 512  # a plain model folder
+    for concurrency, queue in ((1, 512), (1000, 1000)):
+        artifact = tmp_path / f"a{concurrency}"
+        (artifact / "model").mkdir(parents=True)
+        resolved = {"serve": {"workload": {"input_len": 256, "output_len": 128, "concurrency": concurrency}}}
+        (artifact / "manifest.json").write_text(json.dumps({"recipe": {"name": "q", "resolved": resolved}}))
+        assert default_queue(artifact) == queue

@@ -19,7 +19,9 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 opens it to the network (no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
     runtime: Annotated[str, typer.Option(help="auto (by the model's format: transformers for hf, onnxruntime for onnx), or a runtime name.")] = "auto",
-    max_queue: Annotated[int, typer.Option(min=0, help="Requests that may wait while others generate; more are answered 429.")] = 16,
+    max_queue: Annotated[Optional[int], typer.Option(min=0, help="Requests that may wait while others generate; more are "
+                                                     "answered 429. Default: 512 (a load generator's sweep), or the "
+                                                     "artifact's [serve] workload concurrency when higher.")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="Requests generated at the same time, each by a worker process with "
                                           "its own copy of the model (the onnxruntime runtime only). On a CPU, parallel x "
                                           "the model's intra_op_num_threads at most its cores.")] = 1,
@@ -46,7 +48,7 @@ def serve(
         llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
     """
     from llmopt import server
-    from llmopt.server.model import locate
+    from llmopt.server.model import default_queue, locate
     from llmopt.runtimes import RUNTIMES
     from llmopt.errors import UsageError
 
@@ -54,6 +56,8 @@ def serve(
     if runtime != "auto" and runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r}", fix=f"use auto or one of: {', '.join(RUNTIMES)}")
     locate(path)  # a bad path fails before the port is taken
+    if max_queue is None:
+        max_queue = default_queue(path)
     sock = server.bind(host, port)
     with out.status(f"loading {path}"):
         served = server.load_model(path, runtime, device, max_model_len, model_name)

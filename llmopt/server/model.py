@@ -125,6 +125,25 @@ def max_len(context: int | None, requested: int | None, model_dir: Path) -> int:
     return int(context)
 
 
+SWEEP_QUEUE = 512  # the most requests GuideLLM's default sweep keeps in flight (llmopt bench's: 256)
+
+
+def default_queue(path: Path) -> int:
+    """``--max-queue`` when not given: room for a load generator's sweep (512 waiting requests), or the
+    artifact's ``[serve].workload`` concurrency when that is more. A waiting request holds only its
+    prompt's token ids."""
+    return max(SWEEP_QUEUE, workload_concurrency(path) or 0)
+
+
+def workload_concurrency(path: Path) -> int | None:
+    """The ``[serve] workload`` concurrency recorded in an artifact's manifest, or None."""
+    manifest = Path(path).expanduser() / "manifest.json"
+    if not manifest.is_file():
+        return None
+    resolved = (json.loads(manifest.read_text()).get("recipe") or {}).get("resolved") or {}
+    return ((resolved.get("serve") or {}).get("workload") or {}).get("concurrency")
+
+
 def hf_tokenizer(runtime: Any, model_dir: Path):
     """The runtime's own transformers tokenizer when it has one, else the folder's (AutoTokenizer)."""
     own = getattr(runtime, "tokenizer", None)

@@ -124,7 +124,9 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._closing or len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting, the most this server queues")
+                raise QueueFull(f"{len(self._waiting)} requests are waiting, the most this server queues "
+                                f"(llmopt serve --max-queue {self.max_queue}; a client that keeps N requests in "
+                                f"flight needs --max-queue N - {self.parallel} or more)")
             self._waiting.append(job)
             self._publish()
             self._cond.notify()
