@@ -167,7 +167,7 @@ def make_executor(kind: str, jobs: int, sweep: SweepPlan, address: str | None):
     if kind == "ray":
         from llmopt.sweep.ray_executor import RayTasks
 
-        return RayTasks(address, jobs, sweep.settings.cpus_per_variant, sweep.settings.gpus_per_variant)
+        return RayTasks(run_variant, address, jobs, sweep.settings.cpus_per_variant, sweep.settings.gpus_per_variant)
     return Inline() if jobs <= 1 else Processes(jobs)
 
 

@@ -1,7 +1,7 @@
 """``--executor ray``: each variant a Ray task, on a local Ray cluster or one at ``--address``.
 
-Each task runs ``execute.run_variant``: it plans its variant again from the recipe's text
-and runs it against the sweep's cache, which must be a path every worker reaches (a shared
+Each task runs the function it is given (``execute.run_variant``): it plans its variant again
+from the recipe's text and runs it against the sweep's cache, which must be a path every worker reaches (a shared
 filesystem: NFS, a mounted bucket, the same disk on one machine), and writes its artifact
 to the sweep's folder, which must be shared the same way. A task asks for
 ``sweep.cpus_per_variant`` CPUs and ``sweep.gpus_per_variant`` GPUs. Without an address,
@@ -14,18 +14,18 @@ Needs: ray (the ``ray`` extra).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from llmopt.libraries import require
 
 
 class RayTasks:
-    def __init__(self, address: str | None, jobs: int, cpus: float, gpus: float):
+    def __init__(self, run_variant: Callable[[dict], dict], address: str | None, jobs: int, cpus: float, gpus: float):
         self.ray = require("ray", "ray", "--executor ray")
         self.started = not self.ray.is_initialized()
         if self.started:
             self.ray.init(address=address or None, include_dashboard=False, log_to_driver=True,
                           logging_level="WARNING")
-        from llmopt.sweep.execute import run_variant
-
         self.task = self.ray.remote(run_variant).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
         total = self.ray.cluster_resources()
         fits = int(total.get("CPU", 1) // cpus) if cpus else 1
