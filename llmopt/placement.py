@@ -244,7 +244,7 @@ def machine_of(recipe) -> Machine:
 def work_of(recipe, info: ModelInfo, methods: list[tuple[str, bool]], out: dict | None = None) -> Work:
     """The compress stages' work: (method, calibrates) of each step, the heaviest deciding; ``out``: the size
     model's estimate of the folder the last one writes (``estimates.size``)."""
-    from llmopt.backends.source.hf import is_hub_id
+    from llmopt.hub import is_hub_id
     from llmopt.estimates import float_weight_bytes, model_dtype
 
     dtype = model_dtype(recipe, info)

@@ -23,7 +23,7 @@ from llmopt import data as datasets
 from llmopt import estimates, registry
 from llmopt.backends.base import PlanContext
 from llmopt.libraries import versions
-from llmopt.backends.source.hf import hub_config, hub_offline, is_hub_id, local_folder
+from llmopt.hub import hub_config, hub_offline, is_hub_id, local_folder
 from llmopt.cache import Cache, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
