@@ -23,10 +23,20 @@ from typing import Iterator
 
 import numpy as np
 
-from llmopt.backends.export import onnx_last
 from llmopt.libraries import require
 from llmopt.errors import StageFailed
 from llmopt.sysinfo import peak_rss_bytes
+
+INDEX = "graphs.json"  # the graphs of an exported folder by use, which the onnx export writes (onnx_last)
+
+
+def graphs(model_dir: Path) -> dict:
+    """``graphs.json`` of an exported folder ({} when the folder has none, or a graph it names is missing)."""
+    path = Path(model_dir) / INDEX
+    if not path.is_file():
+        return {}
+    index = json.loads(path.read_text())
+    return index if all((Path(model_dir) / name).is_file() for name in index.values()) else {}
 
 
 class OnnxRuntime:
@@ -44,7 +54,7 @@ class OnnxRuntime:
                               fix="export the model with [export] format = \"onnx\"")
         self.config = json.loads((self.model_dir / "genai_config.json").read_text())["model"]
         self.device = device
-        self.graphs = onnx_last.graphs(self.model_dir)
+        self.graphs = graphs(self.model_dir)
         self.model = self._load(self.graphs.get("last_logits"))
         self._scoring = None if self.graphs else self.model
         self.tokenizer = og.Tokenizer(self.model)

@@ -11,7 +11,8 @@ graphs; ``genai_config.json`` keeps pointing at the full one, so every other rea
 folder sees the folder as before. The onnxruntime runtime generates from the last-position
 graph and scores with the full one (``llmopt.runtimes.onnx``).
 
-Plain functions, used by the onnx export stage. Needs: onnx.
+Plain functions, used by the onnx export stage; ``graphs.json``'s reader, ``graphs``, is the
+runtime's (``llmopt.runtimes.onnx``). Needs: onnx.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmopt.runtimes.onnx import INDEX, graphs  # noqa: F401 (graphs: the index's reader, beside its runtime)
+
 GRAPH = "model.last.onnx"
-INDEX = "graphs.json"
 HEAD_OPS = ("MatMul", "MatMulNBits")
 
 
@@ -64,12 +66,3 @@ def head_node(graph):
     while node is not None and node.op_type not in HEAD_OPS:
         node = producer.get(node.input[0]) if node.input else None
     return node
-
-
-def graphs(model_dir: Path) -> dict:
-    """``graphs.json`` of an exported folder ({} when the folder has none, or a graph it names is missing)."""
-    path = Path(model_dir) / INDEX
-    if not path.is_file():
-        return {}
-    index = json.loads(path.read_text())
-    return index if all((Path(model_dir) / name).is_file() for name in index.values()) else {}
