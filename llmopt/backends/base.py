@@ -12,15 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict
-
 from llmopt.errors import Problem
-
-
-class Options(BaseModel):
-    """Base of every backend's options: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid")
+from llmopt.recipe.schema import Options  # noqa: F401 (the base of every backend's options)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from llmopt.backends.base import Options
+from llmopt.recipe.schema import Options
 from llmopt.libraries import require
 
 MOUNT = "/artifact"

@@ -24,6 +24,13 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class Options(BaseModel):
+    """Base of every backend's options (pass two) and of the tables checked like them: unknown keys are
+    errors. ``llmopt.backends.base`` gives it to the backends."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class BackendStep(BaseModel):
     """A table whose extra keys are the options of the backend it names."""
 
