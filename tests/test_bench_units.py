@@ -189,7 +189,6 @@ def test_split_off_on_the_command_line(tmp_path, capsys):
 
 
 def test_an_artifacts_recorded_split_is_kept_unless_the_command_line_sets_one(tmp_path, monkeypatch):
-    from llmopt import api
     from llmopt.bench import runner as bench_runner
 
     resolved = {"serve": {"workload": {"input_len": 8}}, "bench": {"requests": 2, "split": [64]}}

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import module_folder
+from conftest import demo_stage_cache
 from llmopt import api
 
 pytestmark = pytest.mark.slow
@@ -87,8 +87,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(request, tmp_path_factory) -> Iterator[Lab]:
-    with module_folder(request, tmp_path_factory, "compress-lab") as folder:
-        yield Lab(folder)
+    with demo_stage_cache(request, tmp_path_factory, "compress-lab") as cache:  # the GGUF conversion: done
+        yield Lab(cache.parent)
 
 
 def weights_of(config: dict) -> dict:

@@ -21,6 +21,9 @@ placeholders such as ./my-model.
 - A command naming 127.0.0.1:8000 or localhost:8000 talks to `llmopt serve artifacts/quickstart`,
   started for the page on a free port that replaces 8000. curl's answer must be JSON with no
   "error" (curl -s exits 0 whatever the HTTP status).
+- A command that an earlier page shows with the same text, that measures or searches (`llmopt bench`,
+  `sweep`, `tune`: minutes each on two cores) and names no file but those every page starts with
+  (artifacts/quickstart, recipes/, a URL), is not run again: its outcome is the earlier page's.
 - Anything else runs only when it is llmopt or curl; every command that is not run is in NOT_RUN
   with the reason. test_every_documented_command_is_classified (fast, no model) fails for a
   command in neither, and for an entry of NOT_RUN or EXPECTED_TO_FAIL that no page shows any more.
@@ -79,6 +82,8 @@ NOT_RUN = {
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,
 }
 EXPECTED_TO_FAIL: dict[str, str] = {}  # command -> why it fails today (xfail, not strict)
+MEASURES = {"bench", "sweep", "tune"}  # verbs whose repeats on later pages are not run again
+COMMON = ("artifacts/quickstart", "recipes/", "http://", "https://")  # what every page starts with
 
 
 # ---------------------------------------------------------------- what the docs show
@@ -107,6 +112,16 @@ class DocCommand:
     def is_serve(self) -> bool:
         words = self.words
         return len(words) > 1 and words[0] in LLMOPT and words[1] == "serve"
+
+    @property
+    def same_on_every_page(self) -> bool:
+        """A measurement or search that reads only what every page starts with: its outcome does not depend
+        on the page's earlier commands."""
+        words = self.words
+        if len(words) < 2 or words[0] not in LLMOPT or words[1] not in MEASURES:
+            return False
+        named = [w for w in words[2:] if "/" in w or w.endswith((".toml", ".json"))]
+        return all(w.startswith(COMMON) for w in named) and not {"-o", "--output", ">"} & set(words)
 
 
 def shell_lines(text: str) -> list[tuple[int, str]]:
@@ -217,6 +232,19 @@ llmopt verify art   # exit 0 when untouched
     assert [c.text for c in examples] == ["llmopt ls", "X=1 llmopt serve a --port 9"] and examples[1].is_serve
 
 
+def test_only_measurements_of_what_every_page_starts_with_are_run_once():
+    def same(text: str) -> bool:
+        return DocCommand("x.md", 1, text).same_on_every_page
+
+    assert same("llmopt bench artifacts/quickstart --sweep -n 8 --slo ttft_p99_ms=2000")
+    assert same("llmopt sweep recipes/sweep-onnx-cpu.toml --axis compress[0].group_size=32,64")
+    assert same("llmopt bench http://127.0.0.1:8000/v1 -n 8") and same("llmopt tune artifacts/quickstart -n 2")
+    assert not same("llmopt cp quickstart") and not same("llmopt run recipes/quickstart.toml")  # they write files
+    assert not same("llmopt sweep my.toml") and not same("llmopt bench artifacts/quickstart -o out/")
+    repeated = [c.id for c in RUN if c.same_on_every_page]
+    assert "docs/bench.md:18" in repeated and "docs/cli.md:284" in repeated  # the examples pages share
+
+
 # ---------------------------------------------------------------- running them
 
 
@@ -277,6 +305,9 @@ def curl_problem(stdout: str) -> str:
     return f"the server answered an error: {answer['error']}" if isinstance(answer, dict) and "error" in answer else ""
 
 
+SEEN: dict[str, Outcome] = {}  # a command's text -> its outcome on the first page that ran it
+
+
 class Page:
     """The commands of one doc page, run in order in a folder laid out as a checkout after `make demo`."""
 
@@ -310,6 +341,14 @@ class Page:
 
     def execute(self, command: DocCommand) -> Outcome:
         self.done.add(command)
+        if command.same_on_every_page and command.text in SEEN:
+            return SEEN[command.text]
+        outcome = self.execute_here(command)
+        if command.same_on_every_page:
+            SEEN[command.text] = outcome
+        return outcome
+
+    def execute_here(self, command: DocCommand) -> Outcome:
         ran = SERVED.sub(lambda m: f"{m.group(1)}:{self.served_port()}", command.text)
         if command.is_serve:
             return self.serve(ran)

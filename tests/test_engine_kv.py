@@ -25,7 +25,6 @@ import math
 from pathlib import Path
 
 import pytest
-from test_serve_vllm_engine import vllm_python  # noqa: F401 (a fixture: the vLLM environment, built when missing)
 
 from llmopt import engine_kv, memory
 from llmopt.modelinfo import from_config
@@ -79,7 +78,7 @@ def test_a_wrong_figure_fails(record):
 
 
 @pytest.mark.slow
-def test_vllm_computes_what_the_record_says(vllm_python, record):  # noqa: F811
+def test_vllm_computes_what_the_record_says(vllm_python, record):
     live = engine_kv.vllm_kv_bytes(CONFIGS, KV_DTYPES, TP_SIZES, python=vllm_python)
     assert live["version"] == record["version"]
     for name, kv in CASES:

@@ -12,7 +12,7 @@ import pytest
 
 from llmopt import artifact, evaluate
 from llmopt.cli.main import main
-from conftest import module_folder, write_recipe
+from conftest import demo_stage_cache, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +21,8 @@ MC = """
 name = "mc"
 kind = "multiple_choice"
 data = "builtin:mc"
+metric = "acc"         # all 200 questions, as the quickstart scores them: the source's scores come from
+limit = 200            # the session's demo_seed cache (tests/conftest.py)
 max_drop = 0.05
 """
 QA = """
@@ -36,9 +38,10 @@ match = "contains"     # so the answer is looked for in the reply
 
 @pytest.fixture(scope="module")
 def demo_cache(request, tmp_path_factory) -> Iterator[Path]:
-    """One cache for the module: the GGUF conversion and the baseline scores are reused."""
-    with module_folder(request, tmp_path_factory, "demo-cache") as folder:
-        yield folder
+    """One cache for the module, started from the session's demo_seed: the GGUF conversion and the source's
+    multiple-choice scores are reused."""
+    with demo_stage_cache(request, tmp_path_factory, "demo-cache") as cache:
+        yield cache
 
 
 def demo_recipe(folder: Path, evals: str) -> Path:

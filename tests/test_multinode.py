@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 from test_deploy_configs import DEMO, plan_errors, planned, render
-from test_serve_vllm_engine import vllm_python  # noqa: F401 (a fixture: vLLM's own parser, built when missing)
 
 from llmopt import memory
 from llmopt.catalog.gpus import get_gpu

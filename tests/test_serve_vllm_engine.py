@@ -1,56 +1,32 @@
 """vLLM's own parser (EngineArgs + create_engine_config, on CPU) accepts the configs llmopt writes
 for the tiny model and the demo model, and refuses a wrong one.
 
-Slow: the set-up builds .test-envs/vllm with `make vllm-env` when it is missing (the vLLM 0.33.0
-wheel without its CUDA dependencies, plus the small packages its config code imports); the
-tests are skipped only when that environment cannot be built.
+Slow: the session fixture ``vllm_python`` (tests/conftest.py) builds .test-envs/vllm with `make vllm-env`
+when it is missing (the vLLM 0.33.0 wheel without its CUDA dependencies, plus the small packages its
+config code imports); the tests are skipped only when that environment cannot be built.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from llmopt import api, validate_engine
 
-from conftest import ROOT, tiny_recipe, write_recipe
+from conftest import link_tree, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.slow
-VLLM_PY = ROOT / ".test-envs" / "vllm" / "bin" / "python"
 VALIDATED = "vllm 0.33.0 EngineArgs"
 
 
-def _works(python: Path) -> bool:
-    if not python.is_file():
-        return False
-    done = subprocess.run([str(python), "-c", "import vllm.engine.arg_utils"], capture_output=True, timeout=600,
-                          env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"))
-    return done.returncode == 0
-
-
 @pytest.fixture(scope="module")
-def vllm_python() -> str:
-    explicit = os.environ.get(validate_engine.ENV_VAR)
-    if explicit and _works(Path(explicit)):
-        return explicit
-    if not _works(VLLM_PY):
-        try:  # about 2 minutes with pip's cache; a download that stalls is a skip, not the whole CI run
-            done = subprocess.run(["make", "vllm-env"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            pytest.skip("building the vLLM environment (make vllm-env) took more than 900 s")
-        if done.returncode != 0 or not _works(VLLM_PY):
-            pytest.skip(f"the vLLM environment could not be built: {(done.stderr or done.stdout)[-500:]}")
-    return str(VLLM_PY)
-
-
-@pytest.fixture(scope="module")
-def demo_artifact(tmp_path_factory, vllm_python) -> Path:
-    """The demo model converted from its GGUF file, with a vLLM config validated by vLLM itself."""
+def demo_artifact(request, tmp_path_factory, vllm_python) -> Path:
+    """The demo model converted from its GGUF file (the session's demo_seed holds the conversion), with a vLLM
+    config validated by vLLM itself."""
     folder = tmp_path_factory.mktemp("demo")
+    link_tree(request.getfixturevalue("demo_seed"), folder / "cache")
     recipe = write_recipe(folder, 'schema_version = 1\nname = "demo-vllm"\n[model]\nsource = "builtin:smollm2-135m"\n'
                                   '[target]\ngpu = "H100"\ncount = 4\n[serve]\nbackend = "vllm"\nmax_model_len = 8192\n'
                                   f'engine_python = "{vllm_python}"\n')

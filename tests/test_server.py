@@ -645,7 +645,6 @@ def test_onnx_model_folder_is_served_like_the_transformers_one(chat_model, url, 
 def test_several_prompts_n_choices_chat_logprobs_and_many_stops(url, served):
     """What lm-eval, GuideLLM and the openai client send beyond one prompt and one choice, answered as vLLM
     answers it: choices in order (prompt i's k-th at i * n + k), usage summed, any number of stop strings."""
-    rt = served.runtime
     prompts = ["The river runs past the mill", "Stones in the water"]
     one = [post(url, "/v1/completions", {"prompt": p, "max_tokens": 6, "temperature": 0}).json() for p in prompts]
     both = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 6, "temperature": 0, "n": 2}).json()

@@ -215,7 +215,6 @@ def test_lm_eval_local_completions_loglikelihoods_equal_the_runtimes_own(stoppin
 def test_text_prompts_are_tokenized_as_the_models_hf_tokenizer_does(url, served, tiny_model, tmp_path):
     """A text prompt gets exactly AutoTokenizer's ids, special tokens only where it adds them: none for the
     tiny model's tokenizer, a BOS for a copy whose post-processor adds one; text and ids score the same."""
-    import shutil
 
     from transformers import AutoTokenizer
 
