@@ -137,10 +137,11 @@ class OnnxRuntime:
         onnxruntime-genai's own search does the sampling: ``repetition_penalty`` (greedy too), then
         greedy at ``temperature`` 0, else top-k (0: all tokens) and top-p sampling seeded by ``seed``.
         Stops at a stop id (the model's end-of-sequence ids by default), which is not yielded but
-        returned (the generator's StopIteration value), or after ``max_new_tokens``. The generator itself ends at the model's end-of-sequence token, so its
-        ``min_length`` masks that token for the first ``min_new_tokens`` tokens, or for all of them
-        when ``stop_ids`` leaves it out (``ignore_eos``): the length is the one asked for, but the
-        token is never generated, where a runtime that generates it would go on after it.
+        returned (the generator's StopIteration value), or after ``max_new_tokens``. The generator
+        itself ends at the model's end-of-sequence token, so its ``min_length`` masks that token for
+        the first ``min_new_tokens`` tokens, or for all of them when ``stop_ids`` leaves it out
+        (``ignore_eos``): the length is the one asked for, but the token is never generated, where a
+        runtime that generates it would go on after it.
         Closing the iterator frees the generator at once."""
         stops = self.eos_ids if stop_ids is None else set(stop_ids)
         if not self.eos_ids <= stops:
