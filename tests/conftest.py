@@ -142,11 +142,11 @@ _vllm_build: dict = {}  # needed: a collected test uses it; proc: the build
 
 
 def pytest_collection_finish(session) -> None:
-    """Note whether a collected test needs vLLM's environment (``make vllm-env``, for its config parser): its two
-    minutes of pip, mostly waiting on downloads and the disk, then start in the background, at the lowest priority,
-    when the demo model's conversion starts (``demo_seed``), and overlap it and the compression tests. Not at
-    collection: pip beside the client-timing tests that run first (tests/test_bench_fidelity.py) moved their
-    figures past their bounds. Nothing starts when LLMOPT_VLLM_PYTHON names an environment."""
+    """Note whether a collected test needs vLLM's environment (``make vllm-env``, for vLLM's config parser). Its two
+    minutes of pip, mostly waiting on downloads and the disk, start in the background at the lowest priority when
+    the demo model's conversion starts (``demo_seed``), and overlap the conversion and the compression tests; not
+    here at collection, since pip beside the client-timing tests that run first (tests/test_bench_fidelity.py)
+    moved their figures past their bounds. Nothing starts when LLMOPT_VLLM_PYTHON names an environment."""
     if os.environ.get("LLMOPT_VLLM_PYTHON"):
         return
     _vllm_build["needed"] = any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items)
@@ -186,8 +186,8 @@ def vllm_works(python: Path) -> bool:
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The Python of vLLM 0.33.0's environment: $LLMOPT_VLLM_PYTHON, else .test-envs/vllm, which ``make vllm-env``
-    builds (in the background from the demo model's conversion on, see ``pytest_collection_finish``). The tests that need it are skipped only when
-    it cannot be built; a download that stalls is a skip, not the whole CI run."""
+    builds (in the background from the demo model's conversion on, see ``pytest_collection_finish``). The tests
+    that need it are skipped only when it cannot be built; a download that stalls is a skip, not the whole CI run."""
     explicit = os.environ.get("LLMOPT_VLLM_PYTHON")
     if explicit and vllm_works(Path(explicit)):
         return explicit
