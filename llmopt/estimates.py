@@ -250,13 +250,11 @@ def stage_layouts(loaded, info: ModelInfo) -> list[tuple[str, Layout]]:
     out = [("source", layout)]
     for index, step in enumerate(recipe.compress):
         impl = registry.get("compress", step.method)()
-        if hasattr(impl, "layout"):
-            layout = impl.layout(loaded.options_for("compress", index), layout, ctx("compress", index))
+        layout = impl.layout(loaded.options_for("compress", index), layout, ctx("compress", index))
         out.append((f"compress.{index}.{step.method}", layout))
     if recipe.export.format != "hf":
         impl = registry.get("export", recipe.export.format)()
-        if hasattr(impl, "layout"):
-            layout = impl.layout(loaded.options_for("export", None), layout, ctx("export"))
+        layout = impl.layout(loaded.options_for("export", None), layout, ctx("export"))
         out.append((f"export.{recipe.export.format}", layout))
     return out
 

@@ -226,9 +226,6 @@ def refusal_fix(info: ModelInfo, work: Work, machine: Machine, tried: list[Footp
     return "; or ".join(fixes)
 
 
-HESSIAN_METHODS = ("gptq", "sparsegpt")
-
-
 def machine_of(recipe) -> Machine:
     """The compute machine a recipe describes. Host memory and disk are judged only where [compute] gives
     them: the plan may run on another machine than the stage."""
@@ -241,31 +238,32 @@ def machine_of(recipe) -> Machine:
     return Machine(find_gpu(name) if name else None, compute.count, ram, disk)
 
 
-def work_of(recipe, info: ModelInfo, methods: list[tuple[str, bool]], out: dict | None = None) -> Work:
-    """The compress stages' work: (method, calibrates) of each step, the heaviest deciding; ``out``: the size
-    model's estimate of the folder the last one writes (``estimates.size``)."""
+def work_of(recipe, info: ModelInfo, steps: list, out: dict | None = None) -> Work:
+    """The compress stages' work: each step's backend (``CompressBackend``: whether it calibrates, builds
+    Hessians), the heaviest deciding; ``out``: the size model's estimate of the folder the last one writes
+    (``estimates.size``)."""
     from llmopt.hub import is_hub_id
     from llmopt.estimates import float_weight_bytes, model_dtype
 
     dtype = model_dtype(recipe, info)
-    calibrates = any(c for _, c in methods)
+    calibrates = any(step.calibrates for step in steps)
     cal = recipe.calibration
     out = out or {}
-    return Work(dtype, calibrates, any(m in HESSIAN_METHODS for m, _ in methods), cal.samples if calibrates else 0,
+    return Work(dtype, calibrates, any(step.builds_hessians for step in steps), cal.samples if calibrates else 0,
                 cal.max_seq_len if calibrates else 0, out.get("bytes", 0),
                 out.get("parts", {}).get("decoder linears", 0),
                 float_weight_bytes(info, dtype) if is_hub_id(recipe.model.source) else 0)
 
 
-def plan_placement(loaded, info: ModelInfo, methods: list[tuple[str, bool]], out: dict | None):
+def plan_placement(loaded, info: ModelInfo, steps: list, out: dict | None):
     """The plan's placement of the compress stage: (estimates entry, problems). No GPU named: no placement."""
     from llmopt.errors import Problem
 
     recipe = loaded.recipe
     machine = machine_of(recipe)
-    work = work_of(recipe, info, methods, out)
+    work = work_of(recipe, info, steps, out)
     if machine.gpu is None:
-        return None, moe_problems(loaded, info, work, methods)
+        return None, moe_problems(loaded, info, work, steps)
     chosen, tried = choose(info, work, machine, recipe.compute.placement)
     entry = {"chosen": chosen.placement, "gpu": machine.gpu.name, "count": machine.count,
              "host_ram_bytes": machine.host_ram_bytes, "disk_bytes": machine.disk_bytes,
@@ -276,10 +274,10 @@ def plan_placement(loaded, info: ModelInfo, methods: list[tuple[str, bool]], out
         problems.append(Problem(f"the compress stage does not fit the compute machine ({what})",
                                 loaded.where("compute", "placement"), refusal_fix(info, work, machine, tried)))
         entry["chosen"] = None
-    return entry, problems + moe_problems(loaded, info, work, methods)
+    return entry, problems + moe_problems(loaded, info, work, steps)
 
 
-def moe_problems(loaded, info: ModelInfo, work: Work, methods: list[tuple[str, bool]]) -> list:
+def moe_problems(loaded, info: ModelInfo, work: Work, steps: list) -> list:
     """A MoE model calibrated on too few tokens for its experts. llm-compressor sends every calibration token
     through every expert (``moe_calibrate_all_experts``, on by default), so each expert sees all of them;
     ModelOpt's backends calibrate experts on the tokens routed to them (about tokens x top-k / experts). An
@@ -289,7 +287,7 @@ def moe_problems(loaded, info: ModelInfo, work: Work, methods: list[tuple[str, b
     if not (info.num_experts and work.calibrates):
         return []
     tokens = work.samples * work.seq_len
-    routed = any(m.startswith("modelopt") for m, _ in methods)
+    routed = any(step.calibrates and step.expert_tokens == "routed" for step in steps)
     need = max(info.hidden_size, info.expert_width)
     share = max(info.experts_per_token, 1) / info.num_experts if routed else 1.0
     per_expert = int(tokens * share)
@@ -304,10 +302,10 @@ def moe_problems(loaded, info: ModelInfo, work: Work, methods: list[tuple[str, b
                     severity="warning")]
 
 
-def for_stage(ctx, method: str, calibrates: bool) -> Footprint | None:
+def for_stage(ctx, step) -> Footprint | None:
     """The placement a compress stage uses where it runs: the recipe's compute machine when it names a GPU,
     else this machine's GPUs as CUDA reports them; None on the CPU. The same choice ``llmopt plan`` shows
-    for that machine."""
+    for that machine. ``step``: the stage's backend (``CompressBackend``)."""
     import torch
 
     from llmopt.modelinfo import from_folder
@@ -325,5 +323,5 @@ def for_stage(ctx, method: str, calibrates: bool) -> Footprint | None:
     if machine.host_ram_bytes is None:  # the stage runs here: this machine's memory
         machine = Machine(machine.gpu, machine.count, available_ram(), machine.disk_bytes)
     info = from_folder(ctx.model_dir)
-    chosen, _ = choose(info, work_of(recipe, info, [(method, calibrates)]), machine, recipe.compute.placement)
+    chosen, _ = choose(info, work_of(recipe, info, [step]), machine, recipe.compute.placement)
     return chosen

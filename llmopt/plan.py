@@ -30,7 +30,7 @@ from llmopt.errors import Problem, UsageError
 from llmopt.modelinfo import ModelInfo, from_folder, from_gguf, gguf_path, is_gguf
 from llmopt.recipe.load import LoadedRecipe
 from llmopt.runtimes.endpoint import served_identity
-from llmopt.stages import DeployStage, GateStage, gate_options
+from llmopt.stages import gate_options
 
 
 @dataclass
@@ -50,19 +50,10 @@ class Stage:
 
     @property
     def impl(self) -> Any:
-        if self.kind == "gate":
-            return GateStage()
-        if self.kind == "deploy":
-            return DeployStage(self.backend)
-        if self.kind == "bench":
-            from llmopt.bench.stage import BenchStage
-
-            return BenchStage()
-        if self.kind == "tune":
-            from llmopt.tune.stage import TuneStage
-
-            return TuneStage()
-        return registry.get(self.kind, self.backend)()
+        """The backend that runs this stage: a recipe step's, or the stage kind's (``registry.stage_kind``)."""
+        if self.kind in registry.KINDS:
+            return registry.get(self.kind, self.backend)()
+        return registry.stage_kind(self.kind, self.backend)
 
     def to_dict(self, cache: Cache) -> dict:
         return {
@@ -165,7 +156,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
     out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
     plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
-    plan.estimates = plan_estimates(plan, builder.info) if scope == "run" else {}  # the final model's shapes
+    plan.estimates = plan_estimates(plan, builder.info, builder.source_info) if scope == "run" else {}
     if placed is not None:
         plan.estimates["compress_placement"] = placed
     return plan
@@ -210,16 +201,16 @@ class _Builder:
             stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
                           {"model": model_stage.name})
             impl = stage.impl
-            if getattr(impl, "teacher", False):  # distillation: the source model teaches the student
+            if impl.teacher:  # distillation: the source model teaches the student
                 stage.inputs["teacher"] = source.name
             data = getattr(options, "data", None)
             if isinstance(data, str):  # a step's own training text, hashed like calibration data
                 stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
             self.problems += impl.check(options, self.ctx(("compress", index)))
-            if getattr(impl, "calibrates", False):
+            if impl.calibrates:
                 stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
                 stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, loaded.path.parent)
-            if self.info is not None and hasattr(impl, "transform_info"):
+            if self.info is not None:
                 self.info = impl.transform_info(options, self.info)
             self.upstream.append(step.method)
             model_stage = self.add(stage)
@@ -387,11 +378,11 @@ def assign_keys(stages: list[Stage]) -> None:
             continue
         impl = stage.impl
         # options a backend added later, left out of the key at the value that behaves as before they existed
-        neutral = {k for k, v in getattr(impl, "keyless_defaults", {}).items() if getattr(stage.options, k) == v}
+        neutral = {k for k, v in impl.keyless_defaults.items() if getattr(stage.options, k) == v}
         material = {
             "kind": stage.kind,
             "backend": stage.backend,
-            "backend_version": getattr(impl, "version", 1),
+            "backend_version": impl.version,
             "options": stage.options.model_dump(mode="json", exclude=set(stage.unkeyed) | neutral),
             "inputs": {role: keys[name] for role, name in stage.inputs.items()},
             "versions": versions(impl.requires),
@@ -483,7 +474,7 @@ def held_out_problems(loaded: LoadedRecipe, stages: list[Stage]) -> list[Problem
     training text (distill's ``data``): an error when the eval set overlaps that text (its scores would not be
     held out), a warning when both come from one source. Hub data is not read at plan time."""
     recipe = loaded.recipe
-    if not any(getattr(s.impl, "calibrates", False) for s in stages if s.kind == "compress"):
+    if not any(s.impl.calibrates for s in stages if s.kind == "compress"):
         return []
     problems = []
     trained = [(recipe.calibration.data, recipe.calibration.text_field)]  # and a step's own training text
@@ -520,14 +511,14 @@ def _held_out(loaded: LoadedRecipe, index: int, item, training: str, training_fi
 def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None, gpu: GPU | None) -> list[Problem]:
     """Rules that no single backend can judge alone."""
     problems: list[Problem] = node_problems(loaded, gpu)
-    quantizers = [s for s in stages if s.kind == "compress" and getattr(s.impl, "quantizes", False)]
+    quantizers = [s for s in stages if s.kind == "compress" and s.impl.quantizes]
     for later in quantizers[1:]:
         problems.append(Problem(
             f"a second quantization step ({later.backend}) after {quantizers[0].backend}: quantized weights "
             "cannot be quantized again", loaded.where(*later.step, "method"),
             "keep one quantization step; prune steps may come before it"))
     for stage in stages:
-        if stage.kind == "compress" and getattr(stage.impl, "prunes", False):
+        if stage.kind == "compress" and stage.impl.prunes:
             earlier = [q for q in quantizers if stages.index(q) < stages.index(stage)]
             if earlier:
                 problems.append(Problem(
@@ -536,8 +527,8 @@ def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo
     # what each stage declares it produces, judged by what its consumers declare they accept
     produced = [s for s in stages if s.kind in ("compress", "export")]
     export = next((s for s in produced if s.kind == "export"), None)
-    if export is not None and hasattr(export.impl, "accepts"):
-        rules = export.impl.accepts(export.options)
+    rules = export.impl.accepts(export.options) if export is not None else None
+    if rules is not None:  # an export that converts only some formats
         for stage in produced[:produced.index(export)]:
             problems += _handed_over(loaded, stage, rules, f"exported to {export.backend}", gpu)
     serve = loaded.recipe.serve
@@ -577,7 +568,7 @@ def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelI
     when nothing fits, and the MoE calibration warning, join ``problems``."""
     from llmopt import placement
 
-    steps = [(s.backend, bool(getattr(s.impl, "calibrates", False))) for s in stages if s.kind == "compress"]
+    steps = [s.impl for s in stages if s.kind == "compress"]
     if source is None or not steps:
         return None
     try:
@@ -589,17 +580,17 @@ def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelI
     return entry
 
 
-def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:
+def plan_estimates(plan: Plan, info: ModelInfo | None, source_info: ModelInfo | None) -> dict:
     """Sizes from the size model (``estimates``): the source folder, the final model folder as its last
-    stage writes it, and the KV cache from the serving memory model (``memory``) when a GPU is named."""
+    stage writes it, and the KV cache from the serving memory model (``memory``) when a GPU is named. ``info``:
+    the final model's config facts (after pruning), ``source_info``: the source's."""
     if info is None:
         return {"note": "model facts unknown; no estimates"}
     from llmopt.deploy import inputs
     from llmopt.errors import UsageError
 
     recipe = plan.recipe.recipe
-    pruned = any(hasattr(s.impl, "transform_info") for s in plan.stages if s.kind == "compress")
-    source_info = (model_facts(plan.recipe, []) or info) if pruned else info
+    source_info = source_info or info
     layouts = estimates.stage_layouts(plan.recipe, info)
     before = estimates.size(layouts[0][1], source_info)
     after = estimates.size(layouts[-1][1], info)
@@ -612,7 +603,7 @@ def plan_estimates(plan: Plan, info: ModelInfo | None) -> dict:
         "compression_ratio": round(before["bytes"] / after["bytes"], 2) if after["bytes"] else None,
         "model_size": after,
     }
-    if any(getattr(s.impl, "calibrates", False) for s in plan.stages):
+    if any(s.impl.calibrates for s in plan.stages if s.kind == "compress"):
         cal = recipe.calibration
         dtype = estimates.model_dtype(recipe, source_info)
         out["calibration_memory_bytes"] = estimates.calibration_bytes(source_info, dtype, cal.samples, cal.max_seq_len)

@@ -1,21 +1,13 @@
 """A small explicit registry of backends.
 
-A backend is a class registered with ``@register(kind, name)``. It declares:
-
-* ``Options``: a pydantic model (``extra="forbid"``, a description on every field)
-  holding the recipe keys that belong to this backend;
-* ``requires``: the distributions it imports when it runs (their versions go into
-  cache keys), and ``extra``: the llmopt extra that installs them;
-* ``check(options, ctx) -> list[Problem]``: plan-time checks, no heavy imports;
-* ``run(options, ctx) -> dict``: does the work, writes into ``ctx.out_dir`` and
-  returns metrics (serve backends instead ``render(options, ctx) -> dict``, writing
-  the engine's launch configs for the model at ``ctx.model_dir`` into ``ctx.out_dir``;
-  the plan runs it as its deploy stage);
-* compress and export backends: ``produces(options) -> Format``, the checkpoint format
-  they write (``llmopt.formats``); serve backends: ``accepts(options) -> {Format: Rule}``,
-  what the engine serves of each format on which GPUs (``llmopt.deploy.compat``). An
-  export that consumes checkpoints may declare ``accepts`` too (the onnx export does).
-  Registering a backend that lacks what its kind must define raises.
+A backend is a class registered with ``@register(kind, name)`` that subclasses its kind's
+contract in ``llmopt.backends.base`` (``CompressBackend``, ``ServeBackend``...): ``Options``
+(the recipe keys that belong to it), ``requires`` / ``extra`` (the distributions it imports
+when it runs and the extra that installs them), ``check`` (plan-time), ``run`` (or, for serve
+backends, ``render``: the engine's launch configs, run as the deploy stage), and each kind's
+declared capabilities with their defaults (what a compress step calibrates on, produces, ...).
+Registering a class that meets another kind's contract, or none, or leaves one of its
+methods undefined, raises.
 
 Built-ins are the modules of ``llmopt/backends/<kind>/`` whose names do not start with
 "_" (those are shared helpers), all imported when the registry is first read; an import
@@ -32,43 +24,53 @@ from importlib.metadata import entry_points
 
 from llmopt.errors import UsageError
 
-KINDS = ("source", "compress", "export", "eval", "serve")
-# what each kind must define; serve backends render launch configs instead of running a stage, and the
-# planner asks what compress / export stages produce and what the serving engine accepts
-REQUIRED = {kind: ("Options", "check", "run") for kind in KINDS} | {
-    "compress": ("Options", "check", "run", "produces"),
-    "export": ("Options", "check", "run", "produces"),
-    "serve": ("Options", "check", "render", "accepts"),
-}
+KINDS = ("source", "compress", "export", "eval", "serve")  # the recipe's steps
+# the stages the plan adds after them (gate, deploy, bench, tune): registered as "stage" backends named by kind,
+# from these modules
+STAGE_MODULES = ("llmopt.stages", "llmopt.bench.stage", "llmopt.tune.stage")
 
-_REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
+_REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in (*KINDS, "stage")}
 _LOADED = False
 
 
 def register(kind: str, name: str):
     """Register the decorated class as backend ``name`` of ``kind``."""
     if kind not in _REGISTRY:
-        raise ValueError(f"unknown backend kind {kind!r}; kinds are {', '.join(KINDS)}")
+        raise ValueError(f"unknown backend kind {kind!r}; kinds are {', '.join(_REGISTRY)}")
 
     def wrap(cls: type) -> type:
         existing = _REGISTRY[kind].get(name)
         if existing is not None and existing is not cls:
             raise ValueError(f"{kind} backend {name!r} is registered twice: {existing.__module__} and {cls.__module__}")
-        for attr in REQUIRED[kind]:
-            if not hasattr(cls, attr):
-                raise TypeError(f"{kind} backend {name!r} ({cls.__module__}) has no {attr}")
+        problem = contract_problem(cls, kind)
+        if problem:
+            raise TypeError(f"{kind} backend {name!r} ({cls.__module__}) {problem}")
         cls.kind, cls.name = kind, name
-        cls.requires = tuple(getattr(cls, "requires", ()))
-        cls.extra = getattr(cls, "extra", None)
         _REGISTRY[kind][name] = cls
         return cls
 
     return wrap
 
 
+def contract_problem(cls: type, kind: str) -> str:
+    """What keeps ``cls`` from being a ``kind`` backend: not a subclass of that kind's contract class in
+    ``llmopt.backends.base``, a method of the contract left undefined, or no options model; "" if none."""
+    from pydantic import BaseModel
+
+    if not isinstance(cls, type) or cls.__dict__.get("contract") or getattr(cls, "contract", None) != kind:
+        return f"must subclass the {kind} contract of llmopt.backends.base"
+    if getattr(cls, "__abstractmethods__", None):
+        return f"does not define {', '.join(sorted(cls.__abstractmethods__))}"
+    options = getattr(cls, "Options", None)
+    if not (isinstance(options, type) and issubclass(options, BaseModel)):
+        return "has no Options model"
+    return ""
+
+
 def builtin_modules() -> list[str]:
-    """The modules of ``llmopt/backends/<kind>/`` whose names do not start with "_", in name order."""
-    modules = []
+    """The modules of ``llmopt/backends/<kind>/`` whose names do not start with "_", in name order, and the
+    stage kinds' modules."""
+    modules = list(STAGE_MODULES)
     for kind in KINDS:
         package = importlib.import_module(f"llmopt.backends.{kind}")
         found = sorted(info.name for info in pkgutil.iter_modules(package.__path__))
@@ -112,4 +114,10 @@ def unknown_name_message(kind: str, name: str) -> str:
 
 def all_backends() -> dict[str, dict[str, type]]:
     _load()
-    return {kind: dict(sorted(by_name.items())) for kind, by_name in _REGISTRY.items()}
+    return {kind: dict(sorted(_REGISTRY[kind].items())) for kind in KINDS}
+
+
+def stage_kind(kind: str, backend: str):
+    """The stage the plan adds of ``kind`` (gate, deploy, bench, tune), for the serve backend ``backend``."""
+    _load()
+    return _REGISTRY["stage"][kind](backend)

@@ -166,7 +166,7 @@ def require_installed(stages) -> None:
     """Exit 4 before any work when a stage that must run needs a distribution that is not installed (the
     libraries are imported only inside the stage, which may come after an hour of compression)."""
     for stage in stages:
-        for dist in getattr(stage.impl, "requires", ()):
+        for dist in () if stage.pinned else stage.impl.requires:  # a pinned stage is a finished cache entry
             extra = extra_providing(dist)
             if extra is not None and package_version(dist) is None:
                 raise MissingExtra(dist, extra, f"stage {stage.name}")

@@ -1,6 +1,7 @@
-"""Stages that are not backends: the accuracy gate and the deploy configs.
+"""Stage kinds the plan adds that are not a recipe step: the accuracy gate and the deploy configs.
 
-Both run in the plan like every other stage, with a cache key, a folder and a manifest:
+Both are registered as kind "stage" (as the bench and tune stages are, in their own packages) and run
+in the plan like every other stage, with a cache key, a folder and a manifest:
 
 * ``gate`` reads the per-example scores of each eval's baseline and candidate stages and
   judges the recipe's thresholds on the pairs (``llmopt.gate``). Its key hashes the
@@ -18,8 +19,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmopt import gate, registry
-from llmopt.backends.base import StageContext
+from llmopt.backends.base import StageContext, StageKind
 from llmopt.errors import GateFailed
+from llmopt.registry import register
 
 GATE_FIELDS = ("name", "kind", "max_drop", "max_rel_drop_pct", "min_recovery", "max_increase_pct", "confidence",
                "gate_on")
@@ -58,9 +60,9 @@ def gate_options(loaded) -> GateOptions:
     return GateOptions(gates=specs)
 
 
-class GateStage:
-    requires = ()
-    version = 1
+@register("stage", "gate")
+class GateStage(StageKind):
+    Options = GateOptions
 
     def run(self, options: GateOptions, ctx: StageContext) -> dict:
         return {"gates": [self.judge(spec, ctx) for spec in options.gates]}
@@ -81,17 +83,17 @@ class GateStage:
         return record
 
 
-class DeployStage:
+@register("stage", "deploy")
+class DeployStage(StageKind):
     """The serve backend's ``render`` as a stage: reads the final model, writes launch configs."""
 
-    version = 1
-
     def __init__(self, backend: str):
-        self.backend = registry.get("serve", backend)()
-        self.requires = self.backend.requires
+        super().__init__(backend)
+        self.serve = registry.get("serve", backend)()
+        self.requires = self.serve.requires
 
     def run(self, options, ctx: StageContext) -> dict:
-        return self.backend.render(options, ctx) or {}
+        return self.serve.render(options, ctx) or {}
 
 
 def failure(gates: list[dict], where: str, report: str) -> GateFailed | None:

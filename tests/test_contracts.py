@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import pytest
@@ -11,25 +12,13 @@ import textwrap
 from pydantic import ValidationError
 
 from llmopt import docgen, formats, registry
-from llmopt.backends.base import PlanContext
+from llmopt.backends.base import CONTRACTS, CompressBackend, Options, PlanContext
 
 from conftest import ROOT
 
 BACKENDS = [(kind, name, cls) for kind, items in registry.all_backends().items() for name, cls in items.items()]
 PRODUCERS = [b for b in BACKENDS if b[0] in ("compress", "export")]
-CONSUMERS = [b for b in BACKENDS if b[0] == "serve" or (b[0] == "export" and hasattr(b[2], "accepts"))]
 
-
-@pytest.mark.parametrize("kind,name,cls", BACKENDS, ids=[f"{k}:{n}" for k, n, _ in BACKENDS])
-def test_backend_contract(kind, name, cls):
-    module = sys.modules[cls.__module__]
-    assert module.__doc__ and "Needs" in module.__doc__, f"{cls.__module__} needs a top docstring saying what it needs"
-    assert cls.Options.model_config.get("extra") == "forbid"
-    for field_name, field in cls.Options.model_fields.items():
-        assert field.description, f"{kind}:{name} option {field_name!r} has no description"
-    for attr in registry.REQUIRED[kind]:
-        assert hasattr(cls, attr)
-    assert isinstance(cls.requires, tuple)
 
 
 def default_options(cls):
@@ -40,12 +29,36 @@ def default_options(cls):
         return cls.Options.model_construct()
 
 
+CONSUMERS = [b for b in BACKENDS if b[0] == "serve" or (b[0] == "export" and b[2]().accepts(default_options(b[2])) is not None)]
+
+
+@pytest.mark.parametrize("kind,name,cls", BACKENDS, ids=[f"{k}:{n}" for k, n, _ in BACKENDS])
+def test_backend_contract(kind, name, cls):
+    module = sys.modules[cls.__module__]
+    assert module.__doc__ and "Needs" in module.__doc__, f"{cls.__module__} needs a top docstring saying what it needs"
+    assert cls.Options.model_config.get("extra") == "forbid"
+    for field_name, field in cls.Options.model_fields.items():
+        assert field.description, f"{kind}:{name} option {field_name!r} has no description"
+    contract = CONTRACTS[kind]
+    assert issubclass(cls, contract) and not inspect.isabstract(cls)
+    assert isinstance(cls.requires, tuple) and isinstance(cls.version, int)
+    # every capability the class states is one its contract declares, of the declared type
+    stated = {k: v for k, v in vars(cls).items() if not k.startswith("_") and not callable(v)
+              and not isinstance(v, (staticmethod, classmethod, property)) and k != "Options"}
+    undeclared = sorted(set(stated) - set(dir(contract)))
+    assert not undeclared, f"{kind}:{name} states {undeclared}, which llmopt.backends.base does not declare"
+    for key, value in stated.items():
+        default = getattr(contract, key)
+        assert default is None or isinstance(value, type(default)), f"{kind}:{name}.{key} = {value!r}"
+
+
 @pytest.mark.parametrize("kind,name,cls", PRODUCERS, ids=[f"{k}:{n}" for k, n, _ in PRODUCERS])
 def test_compress_and_export_backends_declare_what_they_produce(kind, name, cls):
     produced = cls().produces(default_options(cls))
     assert produced in formats.ALL or produced == formats.AS_INPUT, f"{kind}:{name} produces {produced!r}"
     if produced != formats.AS_INPUT and kind == "export":
-        assert hasattr(cls, "accepts"), f"export {name} writes a new format but declares nothing it accepts"
+        assert cls().accepts(default_options(cls)) is not None, \
+            f"export {name} writes a new format but declares nothing it accepts"
 
 
 @pytest.mark.parametrize("kind,name,cls", CONSUMERS, ids=[f"{k}:{n}" for k, n, _ in CONSUMERS])
@@ -88,13 +101,47 @@ def test_the_onnx_export_declares_by_execution_provider_and_precision():
     assert cls().produces(cls.Options(precision="int8")) == formats.ONNX_INT8
 
 
-@pytest.mark.parametrize("kind,lacking", [("compress", "produces"), ("export", "produces"), ("serve", "accepts")])
+@pytest.mark.parametrize("kind,lacking", [("compress", "produces"), ("export", "produces"), ("serve", "accepts"),
+                                          ("eval", "run"), ("source", "fingerprint")])
 def test_registering_a_backend_without_its_declaration_raises(kind, lacking):
-    attrs = {attr: None for attr in registry.REQUIRED[kind] if attr != lacking}
-    with pytest.raises(TypeError, match=f"has no {lacking}"):
-        registry.register(kind, "undeclared")(type("Undeclared", (), attrs))
+    contract = CONTRACTS[kind]
+    attrs = {attr: lambda self, *a: None for attr in contract.__abstractmethods__ if attr != lacking}
+    attrs["Options"] = default_options.__class__  # not an options model either: the missing method is named first
+    with pytest.raises(TypeError, match=f"does not define {lacking}"):
+        registry.register(kind, "undeclared")(type("Undeclared", (contract,), attrs))
     assert "undeclared" not in registry.names(kind)
 
+
+@pytest.mark.parametrize("kind,other", [("compress", "export"), ("serve", None)])
+def test_registering_a_class_of_another_contract_or_none_raises(kind, other):
+    base = (CONTRACTS[other],) if other else ()
+    with pytest.raises(TypeError, match=f"must subclass the {kind} contract"):
+        registry.register(kind, "misfiled")(type("Misfiled", base, {}))
+    assert "misfiled" not in registry.names(kind)
+
+
+def test_a_new_hessian_method_is_one_class(tmp_path):
+    """A compress method that builds Hessians declares it, and the compress placement counts them: the same
+    memory as GPTQ's, more than the same method without them. Nothing else names the method."""
+    from test_placement import plan_for
+
+    def backend(hessians: bool):
+        return type("HessianMethod", (CompressBackend,), {
+            "Options": Options, "calibrates": True, "builds_hessians": hessians, "quantizes": True,
+            "produces": lambda self, options: formats.CT_W4A16, "check": lambda self, options, ctx: [],
+            "run": lambda self, options, ctx: {}})
+
+    placed = {}
+    try:
+        for name, hessians in (("hessian_method", True), ("hessian_free", False)):
+            registry.register("compress", name)(backend(hessians))
+        for method in ("gptq", "hessian_method", "hessian_free"):
+            plan = plan_for(tmp_path / method, "mixtral-8x7b", 'gpu = "H200"\nhost_ram_gib = 512', method)
+            placed[method] = plan.estimates["compress_placement"]["placements"]["onload"]["gpu_bytes"]
+    finally:
+        for name in ("hessian_method", "hessian_free"):
+            registry._REGISTRY["compress"].pop(name, None)
+    assert placed["hessian_method"] == placed["gptq"] > placed["hessian_free"]
 
 def test_a_format_a_consumer_does_not_know_is_a_warning():
     from llmopt.deploy import compat
@@ -112,15 +159,22 @@ def test_a_new_file_in_a_backend_folder_is_a_new_backend(tmp_path, monkeypatch):
     import llmopt.backends.eval as package
 
     (tmp_path / "probe_metric.py").write_text(textwrap.dedent('''\
+        from llmopt.backends.base import EvalBackend, Options
         from llmopt.registry import register
 
         @register("eval", "probe_metric")
-        class Probe:
-            Options = check = run = None
+        class Probe(EvalBackend):
+            Options = Options
+
+            def check(self, options, ctx):
+                return []
+
+            def run(self, options, ctx):
+                return {}
         '''))
     (tmp_path / "_probe_helper.py").write_text("raise RuntimeError('a helper module is not imported by discovery')\n")
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
-    monkeypatch.setattr(registry, "_REGISTRY", {kind: {} for kind in registry.KINDS})  # modules already imported
+    monkeypatch.setattr(registry, "_REGISTRY", {kind: {} for kind in registry._REGISTRY})  # modules already imported
     monkeypatch.setattr(registry, "_LOADED", False)  # register nothing again; only the new file does
     try:
         assert "llmopt.backends.eval.probe_metric" in registry.builtin_modules()

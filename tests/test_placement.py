@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import api, placement
+from llmopt import api, placement, registry
 from llmopt.catalog.gpus import find_gpu
 from llmopt.modelinfo import from_config
 
@@ -131,6 +131,6 @@ def test_modelopt_moe_warning_counts_routed_tokens():
         def where(*keys):
             return ".".join(keys)
 
-    assert not placement.moe_problems(Loaded, info, w, [("gptq", True)])
-    [warning] = placement.moe_problems(Loaded, info, w, [("modelopt_fp8", True)])
+    assert not placement.moe_problems(Loaded, info, w, [registry.get("compress", "gptq")])
+    [warning] = placement.moe_problems(Loaded, info, w, [registry.get("compress", "modelopt_fp8")])
     assert "routed to each" in warning.message and "4,096" in warning.message

@@ -159,6 +159,8 @@ def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_pa
     from llmopt.output import Output
 
     class Writer:
+        requires = ()
+
         def run(self, options, ctx):
             (ctx.out_dir / "model").mkdir()
             (ctx.out_dir / "model" / "w.bin").write_bytes(b"abc")
@@ -166,7 +168,7 @@ def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_pa
             return {"model_dir": "model"}
 
     store = cache.Cache(tmp_path / "cache")
-    stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Writer(),
+    stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Writer(), pinned="",
                             options=SimpleNamespace(model_dump=lambda mode: {}), material={}, volatile=False)
     plan = SimpleNamespace(cache=store, stages=[stage], recipe=SimpleNamespace(path=tmp_path / "r.toml"),
                            stage=lambda name: stage, model=None, gpu=None)
@@ -193,6 +195,8 @@ def test_native_output_of_a_stage_goes_to_the_run_log(tmp_path, capfd):
     from llmopt.output import Output
 
     class Native:
+        requires = ()
+
         def run(self, options, ctx):
             os.write(1, b"native print\n")
             os.write(2, b"[W native warning]\n")
@@ -200,7 +204,7 @@ def test_native_output_of_a_stage_goes_to_the_run_log(tmp_path, capfd):
             return {}
 
     store = cache.Cache(tmp_path / "cache")
-    stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Native(),
+    stage = SimpleNamespace(name="source", key="k1", kind="source", backend="fake", inputs={}, impl=Native(), pinned="",
                             options=SimpleNamespace(model_dump=lambda mode: {}), material={}, volatile=False)
     plan = SimpleNamespace(cache=store, stages=[stage], recipe=SimpleNamespace(path=tmp_path / "r.toml"),
                            stage=lambda name: stage, model=None, gpu=None)

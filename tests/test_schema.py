@@ -12,7 +12,7 @@ import pytest
 from pydantic import Field, create_model
 
 from llmopt import api, registry
-from llmopt.backends.base import Options
+from llmopt.backends.base import CompressBackend, Options
 from llmopt.cli.main import main
 from llmopt.errors import RecipeError
 from llmopt.recipe.load import BACKEND_SECTIONS, parse_recipe
@@ -130,7 +130,8 @@ def test_third_party_backends_appear_with_their_defs_kept_apart(monkeypatch):
     registry.all_backends()
     monkeypatch.setitem(registry._REGISTRY, "compress", dict(registry._REGISTRY["compress"]))
     for name, options in (("toy_a", ToyAOptions), ("toy_b", ToyBOptions)):
-        cls = type(name, (), {"Options": options, "check": None, "run": None, "produces": None, "__module__": __name__})
+        cls = type(name, (CompressBackend,), {"Options": options, "check": None, "run": None, "produces": None,
+                                              "__module__": __name__})
         registry.register("compress", name)(cls)
     schema = api.json_schema()
     assert {"toy_a", "toy_b"} <= set(schema["$defs"]["CompressStep"]["properties"]["method"]["enum"])

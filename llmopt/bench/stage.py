@@ -21,9 +21,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmopt.backends.base import StageContext
+from llmopt.backends.base import StageContext, StageKind
 from llmopt.errors import Problem
 from llmopt.recipe.schema import SLO, Workload
+from llmopt.registry import register
 
 LAUNCHED_BY_SCRIPT = ("vllm", "sglang", "trtllm")  # started through launch.sh: only where the engine is installed
 FIGURES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -74,11 +75,12 @@ def plan_problems(loaded) -> list[Problem]:
     return []
 
 
-class BenchStage:
+@register("stage", "bench")
+class BenchStage(StageKind):
     """``run_bench`` over the deploy stage's launch config and the final model."""
 
+    Options = BenchStageOptions
     requires = ("aiohttp",)  # the streaming client
-    version = 1
 
     def run(self, options: BenchStageOptions, ctx: StageContext) -> dict:
         from llmopt.bench.options import BenchOptions

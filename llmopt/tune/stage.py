@@ -23,9 +23,10 @@ from typing import Any
 
 from pydantic import Field
 
-from llmopt.backends.base import StageContext
+from llmopt.backends.base import StageContext, StageKind
 from llmopt.bench.stage import ServedLoad
 from llmopt.errors import Problem
+from llmopt.registry import register
 
 
 class TuneStageOptions(ServedLoad):
@@ -135,11 +136,11 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
     return report.write(result, options, deploy_dir, out_dir)
 
 
-class TuneStage:
+@register("stage", "tune")
+class TuneStage(StageKind):
     """The search over the deploy stage's launch config and the final model."""
 
-    requires = ()
-    version = 1
+    Options = TuneStageOptions
 
     def run(self, options: TuneStageOptions, ctx: StageContext) -> dict:
         from llmopt.tune import report

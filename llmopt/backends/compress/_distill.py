@@ -37,7 +37,7 @@ ACTIVATION_BYTES_PER_TOKEN_LAYER = 34  # per hidden unit, bf16 activations kept 
 def order_problems(ctx) -> list[Problem]:
     """Distillation trains dense weights: a quantization step before it is an error."""
     for method in ctx.upstream:
-        if getattr(registry.get("compress", method), "quantizes", False):
+        if registry.get("compress", method).quantizes:
             return [ctx.problem(f"distill comes after {method}: llmopt trains unquantized weights only", "method",
                                 hint="move the distill step before the quantization step (prune, distill, then "
                                      "quantize)")]

@@ -105,14 +105,14 @@ def load_model(ctx, device: str, placement: str = "gpu"):
     return model
 
 
-def stage_placement(ctx, calibrates: bool, pipeline: str) -> str:
+def stage_placement(ctx, pipeline: str) -> str:
     """gpu | onload | multi_gpu | cpu: the plan's placement on this machine; ``pipeline = "sequential"``
     keeps the weights in host memory as before (onload) unless [compute] placement names another."""
-    from llmopt import placement
+    from llmopt import placement, registry
 
     if pipeline == "sequential" and ctx.recipe.recipe.compute.placement == "auto":
         return "onload" if ctx.device.startswith("cuda") else "cpu"
-    chosen = placement.for_stage(ctx, ctx.name.split(".")[-1], calibrates)
+    chosen = placement.for_stage(ctx, registry.get("compress", ctx.name.split(".")[-1]))
     if chosen is None:
         return "cpu"
     if not chosen.fits:
@@ -159,7 +159,7 @@ def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: 
     with library_logs(ctx.log), cpu_threads(ctx.device):
         tokenizer = load_tokenizer(ctx)
         rows = calibration.load(ctx, tokenizer) if calibrates else None
-        placed = stage_placement(ctx, calibrates, pipeline)
+        placed = stage_placement(ctx, pipeline)
         ctx.progress(f"loading the model ({placed})")
         model = load_model(ctx, ctx.device, placed)
         out = ctx.out_dir / "model"

@@ -93,7 +93,7 @@ def load(ctx):
     whole on the GPU; onload: accelerate's device map with the weights in host memory and each module
     onloaded for its forward pass (ModelOpt's hf_ptq way for models larger than the GPU); multi_gpu: a
     device map over the GPUs."""
-    from llmopt import placement
+    from llmopt import placement, registry
 
     torch = require("torch", "torch", ctx.name)
     transformers = require("transformers", "torch", ctx.name)
@@ -102,7 +102,7 @@ def load(ctx):
                           where=ctx.name, fix="put the compression steps before the export step")
     trust = ctx.recipe.recipe.model.trust_remote_code
     tokenizer = transformers.AutoTokenizer.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-    chosen = placement.for_stage(ctx, ctx.name.split(".")[-1], True)
+    chosen = placement.for_stage(ctx, registry.get("compress", ctx.name.split(".")[-1]))
     where = chosen.placement if chosen is not None else "cpu"
     kwargs = {}
     if where == "onload":  # one layer's room on the GPU, the rest in host memory

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from llmopt import formats
 from llmopt import estimates
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -40,13 +40,12 @@ class AWQOptions(Options):
 
 
 @register("compress", "awq")
-class AWQ:
+class AWQ(CompressBackend):
     Options = AWQOptions
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
     quantizes = True
-    prunes = False
 
     def produces(self, options: AWQOptions) -> formats.Format:
         return formats.CT_W4A16

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _distill, _prune
 from llmopt.backends.compress._common import folder_bytes
 from llmopt.errors import Problem
@@ -73,13 +73,11 @@ class DistillOptions(Options):
 
 
 @register("compress", "distill")
-class Distill:
+class Distill(CompressBackend):
     Options = DistillOptions
     requires = ("torch", "transformers", "accelerate")
     extra = _prune.EXTRA
     calibrates = True  # reads [calibration] (its data, or only its seed and chat template with data of its own)
-    quantizes = False
-    prunes = False
     teacher = True  # the planner hands it the source stage as the input "teacher"
     keyless_defaults = {"data_parallel": 1}  # one process trains as before the option existed: same stage key
 

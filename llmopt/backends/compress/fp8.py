@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -25,13 +25,11 @@ class FP8Options(Options):
 
 
 @register("compress", "fp8")
-class FP8Dynamic:
+class FP8Dynamic(CompressBackend):
     Options = FP8Options
     requires = lc.REQUIRES
     extra = lc.EXTRA
-    calibrates = False
     quantizes = True
-    prunes = False
 
     def produces(self, options: FP8Options) -> formats.Format:
         return formats.CT_FP8

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -29,13 +29,12 @@ class FP8StaticOptions(Options):
 
 
 @register("compress", "fp8_static")
-class FP8Static:
+class FP8Static(CompressBackend):
     Options = FP8StaticOptions
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
     quantizes = True
-    prunes = False
 
     def produces(self, options: FP8StaticOptions) -> formats.Format:
         return formats.CT_FP8

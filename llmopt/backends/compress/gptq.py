@@ -19,7 +19,7 @@ from pydantic import Field
 
 from llmopt import formats
 from llmopt import estimates
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -51,13 +51,13 @@ def group_of(options: GPTQOptions) -> int | None:
 
 
 @register("compress", "gptq")
-class GPTQ:
+class GPTQ(CompressBackend):
     Options = GPTQOptions
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
+    builds_hessians = True
     quantizes = True
-    prunes = False
 
     def produces(self, options: GPTQOptions) -> formats.Format:
         """The scheme decides the format; activation order by group adds a g_idx permutation."""

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -31,13 +31,12 @@ class Int8SQOptions(Options):
 
 
 @register("compress", "int8_sq")
-class Int8SmoothQuant:
+class Int8SmoothQuant(CompressBackend):
     Options = Int8SQOptions
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
     quantizes = True
-    prunes = False
 
     def produces(self, options: Int8SQOptions) -> formats.Format:
         return formats.CT_INT8

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -29,13 +29,13 @@ class ModelOptFP8Options(Options):
 
 
 @register("compress", "modelopt_fp8")
-class ModelOptFP8:
+class ModelOptFP8(CompressBackend):
     Options = ModelOptFP8Options
     requires = _modelopt.REQUIRES
     extra = _modelopt.EXTRA
     calibrates = True
+    expert_tokens = "routed"  # ModelOpt calibrates each expert on the tokens routed to it
     quantizes = True
-    prunes = False
 
     def produces(self, options: ModelOptFP8Options) -> formats.Format:
         return formats.MODELOPT_FP8

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -33,13 +33,13 @@ class ModelOptInt4AWQOptions(Options):
 
 
 @register("compress", "modelopt_int4_awq")
-class ModelOptInt4AWQ:
+class ModelOptInt4AWQ(CompressBackend):
     Options = ModelOptInt4AWQOptions
     requires = _modelopt.REQUIRES
     extra = _modelopt.EXTRA
     calibrates = True
+    expert_tokens = "routed"  # ModelOpt calibrates each expert on the tokens routed to it
     quantizes = True
-    prunes = False
 
     def produces(self, options: ModelOptInt4AWQOptions) -> formats.Format:
         return formats.MODELOPT_INT4_AWQ

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -31,13 +31,13 @@ class ModelOptInt8SQOptions(Options):
 
 
 @register("compress", "modelopt_int8_sq")
-class ModelOptInt8SQ:
+class ModelOptInt8SQ(CompressBackend):
     Options = ModelOptInt8SQOptions
     requires = _modelopt.REQUIRES
     extra = _modelopt.EXTRA
     calibrates = True
+    expert_tokens = "routed"  # ModelOpt calibrates each expert on the tokens routed to it
     quantizes = True
-    prunes = False
 
     def produces(self, options: ModelOptInt8SQOptions) -> formats.Format:
         return formats.MODELOPT_INT8_SQ

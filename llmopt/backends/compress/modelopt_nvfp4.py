@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.backends.compress.nvfp4 import NVFP4_GROUP
 from llmopt.errors import Problem
@@ -31,13 +31,13 @@ class ModelOptNVFP4Options(Options):
 
 
 @register("compress", "modelopt_nvfp4")
-class ModelOptNVFP4:
+class ModelOptNVFP4(CompressBackend):
     Options = ModelOptNVFP4Options
     requires = _modelopt.REQUIRES
     extra = _modelopt.EXTRA
     calibrates = True
+    expert_tokens = "routed"  # ModelOpt calibrates each expert on the tokens routed to it
     quantizes = True
-    prunes = False
 
     def produces(self, options: ModelOptNVFP4Options) -> formats.Format:
         return formats.MODELOPT_NVFP4

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -30,13 +30,12 @@ class NVFP4Options(Options):
 
 
 @register("compress", "nvfp4")
-class NVFP4:
+class NVFP4(CompressBackend):
     Options = NVFP4Options
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
     quantizes = True
-    prunes = False
 
     def produces(self, options: NVFP4Options) -> formats.Format:
         return formats.CT_NVFP4

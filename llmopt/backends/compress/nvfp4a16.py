@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.backends.compress.nvfp4 import NVFP4_GROUP
 from llmopt.errors import Problem
@@ -23,13 +23,11 @@ class NVFP4A16Options(Options):
 
 
 @register("compress", "nvfp4a16")
-class NVFP4A16:
+class NVFP4A16(CompressBackend):
     Options = NVFP4A16Options
     requires = lc.REQUIRES
     extra = lc.EXTRA
-    calibrates = False
     quantizes = True
-    prunes = False
 
     def produces(self, options: NVFP4A16Options) -> formats.Format:
         return formats.CT_NVFP4A16

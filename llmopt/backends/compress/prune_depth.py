@@ -20,7 +20,7 @@ import math
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _prune
 from llmopt.backends.compress._common import folder_bytes
@@ -43,12 +43,11 @@ def to_drop(options: PruneDepthOptions, num_layers: int) -> int:
 
 
 @register("compress", "prune_depth")
-class PruneDepth:
+class PruneDepth(CompressBackend):
     Options = PruneDepthOptions
     requires = _prune.REQUIRES
     extra = _prune.EXTRA
     calibrates = True
-    quantizes = False
     prunes = True
 
     def produces(self, options: PruneDepthOptions) -> formats.Format:

@@ -18,7 +18,7 @@ import dataclasses
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _checks, _prune
 from llmopt.backends.compress._common import folder_bytes
@@ -40,12 +40,11 @@ def new_size(options: PruneWidthOptions, current: int) -> int:
 
 
 @register("compress", "prune_width")
-class PruneWidth:
+class PruneWidth(CompressBackend):
     Options = PruneWidthOptions
     requires = _prune.REQUIRES
     extra = _prune.EXTRA
     calibrates = True
-    quantizes = False
     prunes = True
 
     def produces(self, options: PruneWidthOptions) -> formats.Format:

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from llmopt import formats
 from llmopt import estimates
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -30,13 +30,11 @@ class RTNOptions(Options):
 
 
 @register("compress", "rtn")
-class RTN:
+class RTN(CompressBackend):
     Options = RTNOptions
     requires = lc.REQUIRES
     extra = lc.EXTRA
-    calibrates = False
     quantizes = True
-    prunes = False
 
     def produces(self, options: RTNOptions) -> formats.Format:
         """4- and 8-bit weights are the widths engines document; other widths are their own format."""

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -35,12 +35,12 @@ class SparseGPTOptions(Options):
 
 
 @register("compress", "sparsegpt")
-class SparseGPT:
+class SparseGPT(CompressBackend):
     Options = SparseGPTOptions
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
-    quantizes = False
+    builds_hessians = True
     prunes = True
 
     def produces(self, options: SparseGPTOptions) -> formats.Format:

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from llmopt import data as datasets
 from llmopt import evalkit
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.errors import Problem
 from llmopt.registry import register
 
@@ -105,11 +105,9 @@ def generate(model, prompt_ids: list[int], options: GenerationOptions) -> str:
 
 
 @register("eval", "generation")
-class Generation:
+class Generation(EvalBackend):
     Options = GenerationOptions
     requires = ("torch", "transformers")
-    extra = None
-    higher_is_better = True
 
     def check(self, options: GenerationOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)

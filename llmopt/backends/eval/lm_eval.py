@@ -28,7 +28,7 @@ from pydantic import Field
 
 from llmopt import data as datasets
 from llmopt import evalkit
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.libraries import package_version, require
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
@@ -57,11 +57,10 @@ def is_yaml(task: str) -> bool:
 
 
 @register("eval", "lm_eval")
-class LmEval:
+class LmEval(EvalBackend):
     Options = LmEvalOptions
     requires = ("lm-eval", "torch", "transformers")
     extra = "eval"
-    higher_is_better = True
 
     def check(self, options: LmEvalOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)

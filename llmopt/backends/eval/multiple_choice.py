@@ -26,7 +26,7 @@ from pydantic import Field
 
 from llmopt import data as datasets
 from llmopt import evalkit
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -98,11 +98,9 @@ def split_pair(model, context: str, continuation: str, chat_tokenizer=None) -> t
 
 
 @register("eval", "multiple_choice")
-class MultipleChoice:
+class MultipleChoice(EvalBackend):
     Options = MultipleChoiceOptions
     requires = ("torch", "transformers")
-    extra = None
-    higher_is_better = True
 
     def check(self, options: MultipleChoiceOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)

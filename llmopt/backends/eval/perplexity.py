@@ -19,7 +19,7 @@ from pydantic import Field
 
 from llmopt import data as datasets
 from llmopt import evalkit
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -52,11 +52,9 @@ def windows(n_tokens: int, window: int, stride: int, limit: int | None) -> list[
 
 
 @register("eval", "perplexity")
-class Perplexity:
+class Perplexity(EvalBackend):
     Options = PerplexityOptions
     requires = ("torch", "transformers")
-    extra = None
-    higher_is_better = False
 
     def check(self, options: PerplexityOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)

@@ -7,7 +7,7 @@ Needs: nothing.
 from __future__ import annotations
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import ExportBackend, Options, PlanContext, StageContext
 from llmopt.cache import copy_tree
 from llmopt.errors import Problem
 from llmopt.registry import register
@@ -18,10 +18,9 @@ class HFExportOptions(Options):
 
 
 @register("export", "hf")
-class HFExport:
+class HFExport(ExportBackend):
     Options = HFExportOptions
     requires = ()
-    extra = None
 
     def produces(self, options: HFExportOptions) -> formats.Format:
         return formats.AS_INPUT

@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from llmopt import formats
-from llmopt.backends.base import Options, PlanContext, StageContext
+from llmopt.backends.base import ExportBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.export import gguf_layout, gptq_layout, onnx_embedding, onnx_last, onnx_size, onnx_verify
 from llmopt.modelinfo import gguf_path, is_gguf
@@ -132,7 +132,7 @@ class OnnxExportOptions(Options):
 
 
 @register("export", "onnx")
-class OnnxExport:
+class OnnxExport(ExportBackend):
     Options = OnnxExportOptions
     requires = ("onnxruntime-genai", "onnxruntime", "onnx", "onnx-ir", "torch")
     extra = "ort"

@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import formats
-from llmopt.backends.base import PlanContext, StageContext
+from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.libraries import package_version
 from llmopt.deploy import files
 from llmopt.deploy.compat import YES, Rule
@@ -127,7 +127,7 @@ def script(serve_args: list[str]) -> str:
 
 
 @register("serve", "ort")
-class OrtServe:
+class OrtServe(ServeBackend):
     Options = OrtOptions
     requires = ()
     extra = "deploy"

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
-from llmopt.backends.base import PlanContext, StageContext
+from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
@@ -215,7 +215,7 @@ def argv(args: dict) -> list[str]:
 
 
 @register("serve", "sglang")
-class SglangServe:
+class SglangServe(ServeBackend):
     Options = SglangOptions
     requires = ()
     extra = "deploy"

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
-from llmopt.backends.base import PlanContext, StageContext
+from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog import engines
 from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
@@ -228,7 +228,7 @@ def table_errors(extra: dict) -> list[str]:
 
 
 @register("serve", "trtllm")
-class TrtllmServe:
+class TrtllmServe(ServeBackend):
     Options = TrtllmOptions
     requires = ()
     extra = "deploy"

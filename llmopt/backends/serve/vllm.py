@@ -21,7 +21,7 @@ from pydantic import Field
 
 from llmopt import formats
 from llmopt import memory, validate_engine
-from llmopt.backends.base import PlanContext, StageContext
+from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.deploy import extras, files, flags, inputs, nodes
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
@@ -241,7 +241,7 @@ def node_commands(launch: files.Launch, count: int) -> nodes.NodeCommands:
 
 
 @register("serve", "vllm")
-class VllmServe:
+class VllmServe(ServeBackend):
     Options = VllmOptions
     requires = ()
     extra = "deploy"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt import estimates
-from llmopt.backends.base import PlanContext, StageContext
+from llmopt.backends.base import PlanContext, SourceBackend, StageContext
 from llmopt.libraries import require
 from llmopt.backends.source.hf import fingerprint
 from llmopt.cache import sha256_file
@@ -28,10 +28,9 @@ from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
 
 @register("source", "gguf")
-class GGUFSource:
+class GGUFSource(SourceBackend):
     Options = ModelSection
     requires = ("torch", "transformers", "gguf")
-    extra = None
     version = 2  # 2: special tokens from the GGUF header
 
     def check(self, options: ModelSection, ctx: PlanContext) -> list[Problem]:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from llmopt import estimates
-from llmopt.backends.base import PlanContext, StageContext
+from llmopt.backends.base import PlanContext, SourceBackend, StageContext
 from llmopt.libraries import require
 from llmopt.cache import blake3_file
 from llmopt.errors import Problem, StageFailed
@@ -81,10 +81,9 @@ def fingerprint(folder: Path) -> str:
 
 
 @register("source", "hf")
-class HuggingFaceSource:
+class HuggingFaceSource(SourceBackend):
     Options = ModelSection
     requires = ()
-    extra = None
 
     def check(self, options: ModelSection, ctx: PlanContext) -> list[Problem]:
         if is_hub_id(options.source):
