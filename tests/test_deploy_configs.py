@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -230,8 +231,8 @@ def onnx_model(tmp_path: Path, providers: list) -> Path:
     return folder
 
 
-def render_ort(tmp_path: Path, model: Path, serve: str = "", target: str = 'gpu = "L4"'):
-    recipe = write_recipe(tmp_path, RECIPE.format(source=model, target=target, engine="ort", serve=serve,
+def render_ort(tmp_path: Path, model: Path, serve: str = "", target: str = 'gpu = "L4"', recipe: str = RECIPE):
+    recipe = write_recipe(tmp_path, recipe.format(source=model, target=target, engine="ort", serve=serve,
                                                   max_model_len=4096))
     plan = api.plan(recipe)  # its own check says ort needs [export] format = "onnx"; render is what is tested
     out = tmp_path / "deploy"
@@ -265,6 +266,32 @@ def test_ort_refuses_a_provider_the_graph_was_not_built_for(tmp_path):
     recipe = write_recipe(tmp_path, body.replace("[target]", '[export]\nformat = "onnx"\n[target]'))
     messages = [p.message for p in api.plan(recipe).errors]
     assert any('provider "cuda"' in m and 'execution_provider = "cpu"' in m for m in messages), messages
+
+
+def launch_flag(folder: Path, flag: str) -> int:
+    """The value launch.sh's command gives ``flag`` (the last one wins, as in llmopt serve)."""
+    return int(re.findall(rf"{flag} (\d+)", (folder / "launch.sh").read_text().splitlines()[-1])[-1])
+
+
+def test_ort_launch_script_holds_a_load_generators_sweep(tmp_path):
+    """GuideLLM's default sweep keeps up to 512 requests in flight: launch.sh's queue (it was 16) plus the
+    requests it generates at once must hold them, or the sweep records 429s as errors. The rule is llmopt
+    serve's own (--max-queue when not given): 512, or the workload's concurrency when more."""
+    from llmopt.catalog.engines import SWEEP_QUEUE, queue_for
+
+    deploy, folder = render_ort(tmp_path, onnx_model(tmp_path, []))  # [serve] workload concurrency 16
+    in_flight = launch_flag(folder, "--max-queue") + launch_flag(folder, "--parallel")
+    assert SWEEP_QUEUE == 512 and in_flight >= 512 and launch_flag(folder, "--max-queue") == queue_for(16) == 512
+    assert "--max-queue 512" in deploy["command"]
+    big = tmp_path / "big"
+    big.mkdir()
+    recipe = RECIPE.replace("concurrency = 16", "concurrency = 1000")
+    deploy, folder = render_ort(big, onnx_model(big, []), recipe=recipe)
+    assert launch_flag(folder, "--max-queue") == queue_for(1000) == 1000
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    _, folder = render_ort(mine, onnx_model(mine, []), "max_queue = 4")  # the recipe's own value stays
+    assert launch_flag(folder, "--max-queue") == 4
 
 
 # 7. trtllm-serve gets no served model name: clients must send model="/artifact/model"

@@ -684,7 +684,8 @@ def test_several_prompts_n_choices_chat_logprobs_and_many_stops(url, served):
 
 def test_default_queue_holds_a_load_generators_sweep_or_the_recipes_workload(tmp_path, tiny_model):
     """GuideLLM's default sweep keeps up to 512 requests in flight, where the queue held 16."""
-    from llmopt.server.model import SWEEP_QUEUE, default_queue
+    from llmopt.catalog.engines import SWEEP_QUEUE
+    from llmopt.server.model import default_queue
 
     assert SWEEP_QUEUE == 512 and default_queue(tiny_model) == 512  # a plain model folder
     for concurrency, queue in ((1, 512), (1000, 1000)):

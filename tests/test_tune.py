@@ -23,6 +23,7 @@ from test_bench_fakeserver import alive
 
 from llmopt import api
 from llmopt.bench import engine
+from llmopt.catalog.engines import SWEEP_QUEUE
 from llmopt.tune import spaces
 from llmopt.tune.search import MIN_GAIN, Budget, Search, TrialStore
 
@@ -76,7 +77,9 @@ def test_candidates_never_start_below_the_prediction():
     assert spaces.candidates(fraction, 0.9, 4) == [0.9, 0.93, 0.95]
     assert spaces.candidates(fraction, 0.95, 4) == [0.95]
     assert spaces.candidates(threads, None, 4, cpus=2) == [None, 1, 2]
-    assert spaces.candidates(queue, 16, 4) == [16, 3]
+    # llmopt serve's queue (512, or the workload's concurrency when more); a shorter queue only refuses requests
+    assert spaces.candidates(queue, 16, 4) == [16, 512] and spaces.candidates(queue, 512, 4) == [512]
+    assert spaces.candidates(queue, 512, 1000) == [512, 1000] and spaces.candidates(queue, 2000, 4) == [2000]
     graph = spaces.Param("p", "yaml", "f", "p", "graph")
     assert spaces.candidates(graph, None, 4) == [None, 1024]  # vLLM's own (at most 512), then larger decode batches
     assert spaces.candidates(graph, 256, 4) == [256, 512]
@@ -149,7 +152,7 @@ def test_workers_and_threads_that_share_the_cores_move_together(tmp_path):
     """What two cores give llmopt serve: two workers of one thread win, but two of two lose to one of two and one
     of one loses too, so one parameter at a time stays at the default; moving the threads with the workers
     (cores // workers) finds the winner."""
-    grid = {"parallel": [1, 2], "intra_op_num_threads": [None, 1, 2], "max-queue": [16, 3]}  # as on two cores
+    grid = {"parallel": [1, 2], "intra_op_num_threads": [None, 1, 2]}  # as on two cores (the queue: not searched)
     speed = {(1, None): 33.0, (1, 2): 33.0, (1, 1): 19.0, (2, None): 27.0, (2, 2): 27.0, (2, 1): 38.0}
 
     def measure(values, out_dir):
@@ -294,13 +297,13 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
             '[serve]\nbackend = "ort"\nmax_model_len = 256\n'
             'workload = { input_len = 16, output_len = 4, concurrency = 2 }\nslo = { ttft_p99_ms = 60000 }\n\n'
             '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 4\nrepeats = 0\n'
-            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [16, 1] }\n')
+            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [1] }\n')
     art = tmp_path / "art"
     res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
     assert res.returncode == 0, res.stderr
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
-        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [16, 1]}
+        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [SWEEP_QUEUE, 1]}  # launch.sh's first
     # measured, not simulated: the default meets the loose SLO; a queue of 1 at concurrency 2 may refuse a
     # request (429) when the next one arrives before the waiting one starts, which makes that trial "errors"
     assert tuning["trials"][0]["phase"] == "default" and tuning["trials"][0]["verdict"] == "meets SLO"

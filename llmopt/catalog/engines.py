@@ -129,3 +129,16 @@ def slo_chunk(info, gpu, tp: int, pp: int, weight_bytes_per_gpu: int, default: i
     while chunk > MIN_SLO_CHUNK and step_ms(info, gpu, tp, pp, weight_bytes_per_gpu, chunk) > tpot_p99_ms:
         chunk = max(MIN_SLO_CHUNK, chunk // 2 if chunk & (chunk - 1) == 0 else 1 << (chunk.bit_length() - 1))
     return chunk, step_ms(info, gpu, tp, pp, weight_bytes_per_gpu, chunk)
+
+
+# llmopt serve (llmopt/server): the requests that may wait while others generate when --max-queue is not
+# given. GuideLLM's default sweep keeps up to 512 requests in flight at its busiest point (llmopt bench
+# --sweep stops at 256); a waiting request holds only its prompt's token ids.
+SWEEP_QUEUE = 512
+
+
+def queue_for(concurrency: int | None) -> int:
+    """llmopt serve's queue for a ``[serve].workload`` of ``concurrency`` requests in flight (None: no recipe):
+    room for a load generator's sweep (``SWEEP_QUEUE``), or the concurrency when that is more. The one rule
+    behind ``llmopt serve --max-queue``, the ort deploy's ``launch.sh`` and ``[tune]``'s queue candidates."""
+    return max(SWEEP_QUEUE, concurrency or 0)

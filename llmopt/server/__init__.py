@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import socket
 
+from llmopt.catalog.engines import SWEEP_QUEUE
 from llmopt.errors import UsageError
 from llmopt.server.model import ServedModel, load_model
 
 __all__ = ["ServedModel", "bind", "create_app", "load_model", "serve"]
 
 
-def create_app(served: ServedModel, max_queue: int = 16, parallel: int = 1):
+def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1):
     from llmopt.libraries import require
 
     require("fastapi", "serve", "llmopt serve")
@@ -39,7 +40,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(served: ServedModel, sock: socket.socket, max_queue: int = 16, log_level: str = "info",
+def serve(served: ServedModel, sock: socket.socket, max_queue: int = SWEEP_QUEUE, log_level: str = "info",
           parallel: int = 1) -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish."""
     from llmopt.libraries import require

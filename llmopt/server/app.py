@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from llmopt.catalog.engines import SWEEP_QUEUE
 from llmopt.server import logprobs, schemas, workers
 from llmopt.server.chat import NoChatTemplate, render_chat
 from llmopt.server.metrics import CONTENT_TYPE, Metrics
@@ -44,7 +45,7 @@ class ApiError(Exception):
         self.status, self.body = status, schemas.error_body(message, kind, code, param)
 
 
-def create_app(served: ServedModel, max_queue: int = 16, parallel: int = 1) -> FastAPI:
+def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1) -> FastAPI:
     """The app serving ``served``; its ``parallel`` worker threads run while the app's lifespan does, each
     generating in a process of its own when ``parallel`` > 1 and the runtime is not ``concurrent``."""
     metrics = Metrics()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmopt.catalog.engines import queue_for
 from llmopt.errors import UsageError
 
 MODEL_STAGE_PREFIXES = ("source", "compress", "export")
@@ -125,14 +126,11 @@ def max_len(context: int | None, requested: int | None, model_dir: Path) -> int:
     return int(context)
 
 
-SWEEP_QUEUE = 512  # the most requests GuideLLM's default sweep keeps in flight (llmopt bench's: 256)
-
-
 def default_queue(path: Path) -> int:
     """``--max-queue`` when not given: room for a load generator's sweep (512 waiting requests), or the
-    artifact's ``[serve].workload`` concurrency when that is more. A waiting request holds only its
-    prompt's token ids."""
-    return max(SWEEP_QUEUE, workload_concurrency(path) or 0)
+    artifact's ``[serve].workload`` concurrency when that is more (``llmopt.catalog.engines.queue_for``, the
+    rule the ort deploy's launch.sh follows too)."""
+    return queue_for(workload_concurrency(path))
 
 
 def workload_concurrency(path: Path) -> int | None:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from llmopt.catalog.engines import SWEEP_QUEUE
 from llmopt.server.metrics import Metrics
 from llmopt.server.text import TextStream
 
@@ -59,7 +60,7 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, runtime, metrics: Metrics, max_queue: int = 16, parallel: int = 1,
+    def __init__(self, runtime, metrics: Metrics, max_queue: int = SWEEP_QUEUE, parallel: int = 1,
                  generators: list | None = None):
         if generators is not None and len(generators) != parallel:
             raise ValueError(f"{len(generators)} generators for {parallel} workers")

@@ -16,8 +16,10 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   deploy config names none) and 1 to the CPUs this machine has;
 * ``slots`` (``llmopt serve --parallel``, requests generated at once): the prediction, then 1 to the
   CPUs this machine has, at most the workload's concurrency (more slots than requests in flight are idle);
-* ``queue`` (``llmopt serve --max-queue``): the prediction and the workload's concurrency - 1, the
-  shortest queue that refuses none of its requests.
+* ``queue`` (``llmopt serve --max-queue``): the prediction, and llmopt serve's own queue for the workload
+  (``queue_for``: 512, room for a load generator's sweep, or the concurrency when more) when the prediction
+  is shorter. Nothing shorter is tried: a waiting request costs no compute, so a shorter queue can only
+  refuse requests, and a tuned launch.sh must still hold a sweep without 429s.
 
 Worker processes and ONNX Runtime's threads split the same cores, so they are not searched apart: a trial
 of ``parallel`` = N runs each worker with cores // N intra-op threads (``shares``), and the threads are
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmopt.catalog.engines import ENGINE_DEFAULTS
+from llmopt.catalog.engines import ENGINE_DEFAULTS, SWEEP_QUEUE, queue_for
 from llmopt.errors import StageFailed
 
 MAX_FRACTION = 0.95
@@ -76,7 +78,7 @@ SPACES: dict[str, tuple[Param, ...]] = {
     "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1, shares="intra_op_num_threads"),
             Param("intra_op_num_threads", "json", "genai_config.json",
                   "model.decoder.session_options.intra_op_num_threads", "threads"),
-            Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", 16)),
+            Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", SWEEP_QUEUE)),
 }
 
 
@@ -110,7 +112,7 @@ def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = No
         most = max(min(cpus or os.cpu_count() or 1, concurrency), 1)
         return list(dict.fromkeys([value, *range(1, most + 1)]))
     if param.grows == "queue":
-        return list(dict.fromkeys([value, max(concurrency - 1, 0)]))
+        return list(dict.fromkeys([value, max(int(value), queue_for(concurrency))]))
     raise ValueError(param.grows)
 
 

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from llmopt import formats
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
+from llmopt.catalog.engines import queue_for
 from llmopt.libraries import package_version
 from llmopt.deploy import files
 from llmopt.deploy.compat import YES, Rule
@@ -64,7 +65,9 @@ class OrtOptions(files.DeploymentOptions):
         "execution_provider); another is refused.")
     intra_op_num_threads: int | None = Field(
         None, ge=1, description="CPU threads of one operator (default: ONNX Runtime's choice).")
-    max_queue: int = Field(16, ge=0, description="Requests that may wait while others generate (llmopt serve --max-queue).")
+    max_queue: int | None = Field(
+        None, ge=0, description="Requests that may wait while others generate (llmopt serve --max-queue); default: "
+        "llmopt serve's, 512 (a load generator's sweep) or [serve] workload concurrency when higher.")
     parallel: int = Field(1, ge=1, description="Requests generated at the same time, each by a worker process with its "
                           "own copy of the model (llmopt serve --parallel); on a CPU, parallel x intra_op_num_threads "
                           "should not exceed its cores. [tune] searches the two together.")
@@ -95,6 +98,12 @@ def merge(base: dict, top: dict) -> dict:
     for key, value in top.items():
         out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def queue(options: OrtOptions, concurrency: int) -> int:
+    """launch.sh's ``--max-queue``: the recipe's ``max_queue``, else llmopt serve's own rule for the workload
+    (``queue_for``: room for a load generator's sweep of 512 requests in flight)."""
+    return queue_for(concurrency) if options.max_queue is None else options.max_queue
 
 
 def validate(model_dir: Path, text: str) -> dict:
@@ -187,7 +196,8 @@ class OrtServe(ServeBackend):
         merged = merge(base, top)
         (folder / "genai_config.json").write_text(json.dumps(merged, indent=2) + "\n")
         serve_args = ["--host", "0.0.0.0", "--port", str(options.port), "--max-model-len", str(max_length),
-                      "--model-name", recipe.name, "--max-queue", str(options.max_queue), "--parallel", str(options.parallel)]
+                      "--model-name", recipe.name, "--max-queue", str(queue(options, recipe.serve.workload.concurrency)),
+                      "--parallel", str(options.parallel)]
         weights = sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.name.endswith((".onnx", ".onnx.data")))
         gpus = 1 if provider in GPU_PROVIDERS else 0
         launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port, gpus,
