@@ -237,7 +237,7 @@ def measured_files(folder) -> dict[str, int]:
 def stage_layouts(loaded, info: ModelInfo) -> list[tuple[str, Layout]]:
     """(stage name, layout it writes) for every model-writing stage of the recipe, in order."""
     from llmopt import registry
-    from llmopt.backends.base import PlanContext
+    from llmopt.recipe.context import PlanContext
     from llmopt.modelinfo import is_gguf
 
     recipe = loaded.recipe

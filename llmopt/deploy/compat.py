@@ -6,7 +6,7 @@ takes the format ("yes"), refuses it ("no": an error) or does not document it
 ("undocumented": a warning), from which compute capability it runs the format natively
 (below: a slower fallback, a warning) and at all (below: an error), and whether it needs a
 GPU. The facts and their sources live next to the consumer's code; the planner's
-cross-stage rules (``llmopt.plan.cross_stage_rules``) ask ``judge`` about every format the
+cross-stage rules (``llmopt.plan.rules.cross_stage_rules``) ask ``judge`` about every format the
 recipe's stages declare they produce.
 """
 

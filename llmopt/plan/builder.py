@@ -1,0 +1,307 @@
+"""``build_plan``: the stages of a scope in order, each backend's ``check`` as they are added, the
+cross-stage rules, the cache keys and the estimates."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import llmopt
+from llmopt import data as datasets
+from llmopt import registry
+from llmopt.backends.base import PlanContext
+from llmopt.cache import Cache, stage_key
+from llmopt.catalog.gpus import GPU, find_gpu
+from llmopt.errors import Problem, UsageError
+from llmopt.libraries import versions
+from llmopt.modelinfo import ModelInfo, is_gguf
+from llmopt.plan.estimates import compress_placement, plan_estimates
+from llmopt.plan.facts import folder_facts, model_facts
+from llmopt.plan.rules import cross_stage_rules, held_out_problems
+from llmopt.plan.types import Pinned, Plan, Stage
+from llmopt.recipe.load import LoadedRecipe
+from llmopt.runtimes.endpoint import served_identity
+from llmopt.stages import gate_options
+
+
+def resolve_cache(cache_dir: str | Path | None, loaded: LoadedRecipe) -> Cache:
+    """The stage cache: ``--cache-dir``, else ``$LLMOPT_CACHE``, else the recipe's ``output.cache_dir``,
+    else ``~/.cache/llmopt``. Every command resolves it here."""
+    return Cache(cache_dir or os.environ.get("LLMOPT_CACHE") or loaded.recipe.output.cache_dir)
+
+
+def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None, *,
+               scope: str = "run", baseline: str | Path | None = None, candidate: str | None = None,
+               endpoint: str | None = None, facts: bool = True, strict: bool = False) -> Plan:
+    """The plan of ``llmopt run`` (scope "run") or of ``llmopt eval`` (scope "eval": the recipe's source, or
+    ``baseline``, scored alone or against ``candidate``, a model or artifact folder or an endpoint URL;
+    ``endpoint``: score the source through that server). The model's facts come from its config.json or
+    GGUF header (for a hub id: from the hub, or from its local cache when HF_HUB_OFFLINE=1). ``facts=False``
+    reads nothing of the model: the source check and every check that needs facts are skipped
+    (`llmopt validate`). ``strict``: every warning is an error."""
+    recipe = loaded.recipe
+    cache = resolve_cache(cache_dir, loaded)
+    gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None  # the loader checked the name
+    problems: list[Problem] = []
+    info = model_facts(loaded, problems, facts) if baseline is None else folder_facts(Path(baseline))
+    builder = _Builder(loaded, problems, info, gpu, cache, facts)
+    section = recipe.model if baseline is None else recipe.model.model_copy(update={"source": str(Path(baseline).resolve())})
+    pinned = pinned_stage(Path(baseline), cache, "source") if baseline is not None else None
+    source = builder.add(pinned) if pinned is not None else builder.source("source", section)
+    if scope == "run":
+        target = builder.model_stages(source)
+        builder.evals(source, target)
+        builder.gate()
+        deploy = builder.deploy(target)
+        builder.bench(deploy, target)
+        builder.tune(deploy, target)
+    else:
+        target = builder.candidate(candidate, source)
+        builder.evals(source, target, endpoint=endpoint if candidate is None else None,
+                      served=candidate if is_url(candidate) else None)
+        builder.gate()
+    stages = builder.stages
+    problems += held_out_problems(loaded, stages)
+    placed = None
+    if scope == "run":
+        problems += cross_stage_rules(loaded, stages, builder.info, gpu)
+        placed = compress_placement(loaded, stages, info, builder.info, problems)
+    if strict:
+        for problem in problems:
+            problem.severity = "error"
+    assign_keys(stages)
+    default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
+    out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
+    plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
+    plan.estimates = plan_estimates(plan, builder.info, builder.source_info) if scope == "run" else {}
+    if placed is not None:
+        plan.estimates["compress_placement"] = placed
+    return plan
+
+
+def is_url(text: str | None) -> bool:
+    return bool(text) and str(text).startswith(("http://", "https://"))
+
+
+class _Builder:
+    """Appends the stages of a plan in order, running each backend's ``check`` as it goes."""
+
+    def __init__(self, loaded: LoadedRecipe, problems: list[Problem], info: ModelInfo | None, gpu: GPU | None,
+                 cache: Cache, facts: bool = True):
+        self.loaded, self.problems, self.info, self.gpu, self.cache = loaded, problems, info, gpu, cache
+        self.source_info = info  # self.info follows the compress steps (pruning); this stays the source's
+        self.facts = facts  # False: nothing of the model is read, so the source check is skipped
+        self.stages: list[Stage] = []
+        self.upstream: list[str] = []  # the compress methods so far
+        self.identities: dict[str, dict | None] = {}  # endpoint URL -> what its server says it serves
+
+    def ctx(self, step: tuple, **kw) -> PlanContext:
+        return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
+                           source=self.source_info, **kw)
+
+    def add(self, stage: Stage) -> Stage:
+        self.stages.append(stage)
+        return stage
+
+    def source(self, name: str, section) -> Stage:
+        stage = Stage(name, "source", "gguf" if is_gguf(section.source) else "hf", ("model",), section)
+        if self.facts:
+            self.problems += stage.impl.check(section, self.ctx(("model",)))
+        stage.material = {"source": stage.impl.fingerprint(section, self.loaded.path.parent)}
+        return self.add(stage)
+
+    def model_stages(self, source: Stage) -> Stage:
+        """The compress steps and the export, in recipe order; returns the last model stage."""
+        recipe, loaded, model_stage = self.loaded.recipe, self.loaded, source
+        for index, step in enumerate(recipe.compress):
+            options = loaded.options_for("compress", index)
+            stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
+                          {"model": model_stage.name})
+            impl = stage.impl
+            if impl.teacher:  # distillation: the source model teaches the student
+                stage.inputs["teacher"] = source.name
+            data = getattr(options, "data", None)
+            if isinstance(data, str):  # a step's own training text, hashed like calibration data
+                stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
+            self.problems += impl.check(options, self.ctx(("compress", index)))
+            if impl.calibrates:
+                stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
+                stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, loaded.path.parent)
+            if self.info is not None:
+                self.info = impl.transform_info(options, self.info)
+            self.upstream.append(step.method)
+            model_stage = self.add(stage)
+        if recipe.export.format != "hf":
+            options = loaded.options_for("export", None)
+            stage = Stage(f"export.{recipe.export.format}", "export", recipe.export.format, ("export",), options,
+                          {"model": model_stage.name})
+            self.problems += stage.impl.check(options, self.ctx(("export",)))
+            model_stage = self.add(stage)
+        return model_stage
+
+    def candidate(self, candidate: str | None, source: Stage) -> Stage | None:
+        """What ``llmopt eval --candidate`` scores: a finished artifact's model stage from the cache, a
+        model or artifact folder read in place, or (an endpoint URL) the source's tokenizer."""
+        if candidate is None:
+            return None
+        if is_url(candidate):
+            return source
+        pinned = pinned_stage(Path(candidate), self.cache)
+        if pinned is not None:
+            return self.add(pinned)
+        folder = model_folder(Path(candidate))
+        return self.source("candidate", self.loaded.recipe.model.model_copy(update={"source": str(folder)}))
+
+    def evals(self, source: Stage, target: Stage | None, endpoint: str | None = None, served: str | None = None):
+        """Each [[eval]] on the baseline and the candidate (``target``), or on the source alone."""
+        loaded = self.loaded
+        for index, item in enumerate(loaded.recipe.eval):
+            options = loaded.options_for("eval", index)
+            spec = getattr(options, "data", None)
+            digest = datasets.digest(spec, loaded.path.parent) if isinstance(spec, str) else None
+            if target is None:
+                roles = [(f"eval.{item.name}", "", source, endpoint)]
+            else:
+                roles = [(f"eval.{item.name}.baseline", "baseline", source, None),
+                         (f"eval.{item.name}.candidate", "candidate", target, served)]
+            checked = set()  # each variant of the options is checked once, whatever the roles
+            for name, role, model_stage, url in roles:
+                opts = options if url is None else served_options(options, url, item)
+                if url not in checked:
+                    self.problems += registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index)))
+                    checked.add(url)
+                stage = Stage(name, "eval", item.kind, ("eval", index), opts, {"model": model_stage.name},
+                              {"data_sha256": digest}, role=role)
+                address = url or (getattr(opts, "endpoint", None) if getattr(opts, "runtime", "") == "endpoint" else None)
+                if address:
+                    self.served(stage, address, getattr(opts, "endpoint_model", None))
+                self.add(stage)
+
+    def served(self, stage: Stage, url: str, served_model: str | None) -> None:
+        """An eval through an endpoint runs every time, unless the server names what it serves (``llmopt
+        serve`` does: model digest, runtime, library versions): then that, not the URL, is in the key."""
+        if url not in self.identities:
+            self.identities[url] = served_identity(url, served_model) if self.facts else None
+        found = self.identities[url]
+        if found is None:
+            stage.volatile = True
+        else:
+            stage.material["served"] = found
+            stage.unkeyed = ("endpoint",)
+
+    def gate(self) -> None:
+        """One gate stage over every eval's baseline and candidate, when there is a candidate."""
+        evals = [s for s in self.stages if s.kind == "eval" and s.role]
+        if not evals:
+            return
+        inputs = {f"{s.name.split('.', 1)[1]}": s.name for s in evals}  # "<eval>.<role>" -> stage
+        self.add(Stage("gate", "gate", "paired", ("eval",), gate_options(self.loaded), inputs,
+                       volatile=any(s.volatile for s in evals)))
+
+    def deploy(self, model_stage: Stage) -> Stage | None:
+        """The serve backend's launch configs for the final model; its plan-time checks and what it accepts."""
+        serve = self.loaded.recipe.serve
+        if serve is None:
+            return None
+        options = self.loaded.options_for("serve", None)
+        self.problems += registry.get("serve", serve.backend)().check(options, self.ctx(("serve",)))
+        recipe = self.loaded.recipe
+        facts = {"name": recipe.name, "model": recipe.model.model_dump(mode="json"),
+                 "serve": serve.model_dump(mode="json"), "target": recipe.target.model_dump(mode="json")}
+        return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options,
+                              {"model": model_stage.name}, {"recipe": facts}))
+
+    def bench(self, deploy: Stage | None, model_stage: Stage) -> None:
+        """With [bench] enabled: the artifact's server started from the deploy stage's launch config and
+        measured (``llmopt.bench.stage``); no [serve] section, or an engine not installed here, is an error."""
+        if not self.loaded.recipe.bench.enabled:
+            return
+        from llmopt.bench.stage import bench_options, plan_problems
+
+        found = plan_problems(self.loaded)
+        self.problems += found
+        if deploy is None or found:
+            return
+        self.add(Stage("bench", "bench", deploy.backend, ("bench",), bench_options(self.loaded.recipe),
+                       {"model": model_stage.name, "deploy": deploy.name}))
+
+    def tune(self, deploy: Stage | None, model_stage: Stage) -> None:
+        """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``),
+        after the bench stage; keyed on whether the engine can start here, since without it the prediction stays."""
+        if not self.loaded.recipe.tune.enabled:
+            return
+        from llmopt.tune.stage import engine_available, plan_problems, tune_options
+
+        found = plan_problems(self.loaded)
+        self.problems += found
+        if deploy is None or any(p.severity == "error" for p in found):
+            return
+        options = tune_options(self.loaded.recipe)
+        self.add(Stage("tune", "tune", deploy.backend, ("tune",), options,
+                       {"model": model_stage.name, "deploy": deploy.name},
+                       {"engine_available": engine_available(options.engine)}))
+
+
+def served_options(options, url: str, item):
+    """The eval's options scoring through the endpoint at ``url``."""
+    if "endpoint" not in type(options).model_fields:
+        raise UsageError(f"eval {item.name!r} ({item.kind}) cannot score a model through an endpoint",
+                         fix="drop --endpoint, or evaluate the model folder instead")
+    return options.model_copy(update={"runtime": "endpoint", "endpoint": url})
+
+
+def model_folder(path: Path) -> Path:
+    """The model folder of an artifact folder (its ``model/``), or the folder itself."""
+    path = path.expanduser().resolve()
+    if (path / "manifest.json").is_file() and (path / "model").is_dir():
+        return path / "model"
+    return path
+
+
+def pinned_stage(path: Path, cache: Cache, name: str = "candidate") -> Stage | None:
+    """The final model stage of the artifact at ``path`` (the artifact folder or its ``model/``) as a cache
+    entry, when the cache holds it whole and the artifact's model files still match its manifest; None
+    otherwise (the folder is then read in place). Its evals then have the keys of the run that made it."""
+    from llmopt.verify import verify_artifact
+
+    path = path.expanduser().resolve()
+    if path.name == "model" and not (path / "manifest.json").is_file():
+        path = path.parent
+    if not (path / "manifest.json").is_file():
+        return None
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        stages = [s for s in manifest["stages"] if (s.get("outputs") or {}).get("format")]
+        last = stages[-1]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not cache.has(last["key"]):
+        return None
+    report = verify_artifact(path)
+    if any(p.startswith("model/") for p in report["changed"] + report["missing"] + report["extra"]):
+        return None
+    return Stage(name, "pinned", last.get("backend", ""), ("model",), Pinned(artifact=str(path)), pinned=last["key"])
+
+
+def assign_keys(stages: list[Stage]) -> None:
+    keys: dict[str, str] = {}
+    for stage in stages:
+        if stage.pinned:
+            stage.key = keys[stage.name] = stage.pinned
+            continue
+        impl = stage.impl
+        # options a backend added later, left out of the key at the value that behaves as before they existed
+        neutral = {k for k, v in impl.keyless_defaults.items() if getattr(stage.options, k) == v}
+        material = {
+            "kind": stage.kind,
+            "backend": stage.backend,
+            "backend_version": impl.version,
+            "options": stage.options.model_dump(mode="json", exclude=set(stage.unkeyed) | neutral),
+            "inputs": {role: keys[name] for role, name in stage.inputs.items()},
+            "versions": versions(impl.requires),
+            "llmopt": llmopt.STAGE_FORMAT,
+            **stage.material,
+        }
+        stage.material = material
+        stage.key = keys[stage.name] = stage_key(material)

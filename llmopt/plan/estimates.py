@@ -1,0 +1,66 @@
+"""The plan's estimates: the size model's bytes before and after (``llmopt.estimates``), the compress
+stage's placement (``llmopt.placement``) and the KV cache of the serving memory model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmopt import estimates
+from llmopt.errors import Problem
+from llmopt.modelinfo import ModelInfo
+from llmopt.plan.types import Plan, Stage
+from llmopt.recipe.load import LoadedRecipe
+
+
+def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelInfo | None, final: ModelInfo | None,
+                       problems: list[Problem]) -> dict | None:
+    """How the compress stage holds the model on the compute machine (``llmopt.placement``); its refusal
+    when nothing fits, and the MoE calibration warning, join ``problems``."""
+    from llmopt import placement
+
+    steps = [s.impl for s in stages if s.kind == "compress"]
+    if source is None or not steps:
+        return None
+    try:
+        out = estimates.model_size(loaded, final or source)
+    except Exception:  # a layout a backend cannot describe: the disk need is then the download alone
+        out = None
+    entry, found = placement.plan_placement(loaded, source, steps, out)
+    problems += found
+    return entry
+
+
+def plan_estimates(plan: Plan, info: ModelInfo | None, source_info: ModelInfo | None) -> dict:
+    """Sizes from the size model (``estimates``): the source folder, the final model folder as its last
+    stage writes it, and the KV cache from the serving memory model (``memory``) when a GPU is named. ``info``:
+    the final model's config facts (after pruning), ``source_info``: the source's."""
+    if info is None:
+        return {"note": "model facts unknown; no estimates"}
+    from llmopt.deploy import inputs
+    from llmopt.errors import UsageError
+
+    recipe = plan.recipe.recipe
+    source_info = source_info or info
+    layouts = estimates.stage_layouts(plan.recipe, info)
+    before = estimates.size(layouts[0][1], source_info)
+    after = estimates.size(layouts[-1][1], info)
+    out: dict[str, Any] = {
+        "parameters": info.total_params,
+        "weight_bytes_before": before["weight_bytes"],
+        "weight_bytes_after": after["weight_bytes"],
+        "model_bytes_before": before["bytes"],
+        "artifact_bytes": after["bytes"],
+        "compression_ratio": round(before["bytes"] / after["bytes"], 2) if after["bytes"] else None,
+        "model_size": after,
+    }
+    if any(s.impl.calibrates for s in plan.stages if s.kind == "compress"):
+        cal = recipe.calibration
+        dtype = estimates.model_dtype(recipe, source_info)
+        out["calibration_memory_bytes"] = estimates.calibration_bytes(source_info, dtype, cal.samples, cal.max_seq_len)
+    if plan.gpu is not None:
+        try:
+            planned = inputs.estimated_memory(plan.recipe, info, plan.gpu, after["weight_bytes"]).to_dict()
+            out["kv_cache"] = {k: v for k, v in planned.items() if k != "tried"} | {"fits": True}
+        except UsageError as exc:
+            out["kv_cache"] = {"fits": False, "reason": exc.what, "fix": exc.fix}
+    return out

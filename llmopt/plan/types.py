@@ -1,0 +1,94 @@
+"""The plan's stages and the plan itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from llmopt import registry
+from llmopt.cache import Cache
+from llmopt.catalog.gpus import GPU
+from llmopt.errors import Problem
+from llmopt.modelinfo import ModelInfo
+from llmopt.recipe.load import LoadedRecipe
+
+
+@dataclass
+class Stage:
+    name: str
+    kind: str  # source | compress | export | eval | gate | deploy | bench | tune
+    backend: str
+    step: tuple  # where it is in the recipe: ("compress", 0)
+    options: BaseModel
+    inputs: dict[str, str] = field(default_factory=dict)  # role -> stage name
+    material: dict = field(default_factory=dict)  # what its cache key hashes
+    key: str = ""
+    role: str = ""  # eval stages: baseline | candidate
+    volatile: bool = False  # runs even when cached: scores through an endpoint, or reads such a stage
+    pinned: str = ""  # the key of a finished cache entry this stage stands for (an artifact's model)
+    unkeyed: tuple[str, ...] = ()  # options left out of the key (an endpoint's URL, when the server names its model)
+
+    @property
+    def impl(self) -> Any:
+        """The backend that runs this stage: a recipe step's, or the stage kind's (``registry.stage_kind``)."""
+        if self.kind in registry.KINDS:
+            return registry.get(self.kind, self.backend)()
+        return registry.stage_kind(self.kind, self.backend)
+
+    def to_dict(self, cache: Cache) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "backend": self.backend,
+            "key": self.key,
+            "inputs": self.inputs,
+            "cached": cache.has(self.key),
+            "options": self.options.model_dump(mode="json"),
+        }
+
+
+@dataclass
+class Plan:
+    recipe: LoadedRecipe
+    stages: list[Stage]
+    problems: list[Problem]
+    model: ModelInfo | None
+    gpu: GPU | None
+    estimates: dict
+    cache: Cache
+    output_dir: Path  # the artifact (scope "run") or the reports folder (scope "eval")
+    scope: str = "run"  # run: every stage and the artifact; eval: sources, evals and the gate, then reports
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+    def kind(self, kind: str) -> list[Stage]:
+        return [s for s in self.stages if s.kind == kind]
+
+    @property
+    def final_model_stage(self) -> Stage:
+        return [s for s in self.stages if s.kind in ("source", "compress", "export")][-1]
+
+    def to_dict(self) -> dict:
+        return {
+            "recipe": {"name": self.recipe.recipe.name, "path": str(self.recipe.path), "sha256": self.recipe.digest},
+            "scope": self.scope,
+            "stages": [s.to_dict(self.cache) for s in self.stages],
+            "checks": [p.to_dict() for p in self.problems],
+            "estimates": self.estimates,
+            "model": self.model.to_dict() if self.model else None,
+            "target": self.gpu.to_dict() if self.gpu else {"device": "cpu"},
+            "cache_dir": str(self.cache.root),
+            "output_dir": str(self.output_dir),
+        }
+
+
+class Pinned(BaseModel):
+    artifact: str
