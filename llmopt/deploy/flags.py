@@ -1,7 +1,7 @@
 """Versioned flag tables of the serving engines: the option names and value types llmopt
 writes, checked against each engine's own source of the version named here.
 
-* vLLM 0.33.0: every long option of ``EngineArgs.add_cli_args`` (read from the installed
+* vLLM 0.33.0 and 0.26.0: every long option of ``EngineArgs.add_cli_args`` (read from each
   wheel's parser; ``vllm serve`` adds host/port and other frontend options on the command
   line, which llmopt passes outside config.yaml);
 * TensorRT-LLM 1.2.1: every ``TorchLlmArgs`` field (the keys of trtllm-serve's ``--config`` YAML) and the
@@ -10,7 +10,9 @@ writes, checked against each engine's own source of the version named here.
 * SGLang 0.5.23: every option of ``ServerArgs.add_cli_args`` (the ``sglang/srt/arg_groups``
   field declarations and ``server_args.py`` of the 0.5.23 wheel).
 
-``check_flags`` validates a config against a table when the engine itself is not installed.
+``check_flags`` validates a config against a table when the engine itself is not installed. The
+``*_TABLES`` give each engine version llmopt has a table of; a serve backend writes for one of them or
+for the engine installed here (``llmopt.deploy.versions``).
 """
 
 from __future__ import annotations
@@ -261,7 +263,7 @@ TRTLLM_TYPES: dict[str, Any] = {  # value types of the keys llmopt writes or use
     "speculative_config": dict, "sampler_type": str,
 }
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.33.0"  # what a config is written for when the recipe names no version and no vLLM is installed
 VLLM_QUANTIZATION = (
     "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
     "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
@@ -352,3 +354,55 @@ tokenizer-revision trust-remote-code ubatch-size use-fp64-gumbel use-replayssm u
 video-pruning-method video-pruning-rate watchdog-config watermark watermark-config weight-transfer-config
 worker-cls worker-extension-cls
 """.split())
+
+# vLLM 0.26.0 (what benchmarks/gpu_vllm.sh runs on the GPU; docs/benchmarks.md): every long option of its
+# EngineArgs.add_cli_args(FlexibleArgumentParser()), read from the vllm-0.26.0 wheel's own parser, kept here as
+# its difference from 0.33.0's list. Each flag llmopt itself writes is an EngineArgs field in both releases
+# (vllm/engine/arg_utils.py, line in 0.26.0 / 0.33.0): served-model-name 423/498, trust-remote-code 431/506,
+# dtype 442/517, kv-cache-dtype 443/518, max-model-len 445/520, distributed-executor-backend 456/531,
+# pipeline-parallel-size 460/535, tensor-parallel-size 473/548, prefill-context-parallel-size 474/549,
+# data-parallel-size 479/555, enable-expert-parallel 489/566, enable-prefix-caching 513/598,
+# gpu-memory-utilization 526/614, max-num-batched-tokens 528/616, max-num-seqs 533/622, quantization 547/640,
+# enforce-eager 555/648, enable-chunked-prefill 612/713, speculative-config 630/732.
+VLLM_ADDED_AFTER_0_26 = frozenset("""
+aux-output-config custom-histogram-buckets dcp-q-replicate device-memory-utilization
+disable-batch-sharded-sampling disable-chunked-prefill disable-cumem-allocator disable-dbo disable-elastic-ep
+disable-ep-weight-filter disable-eplb disable-expert-parallel disable-fault-tolerance
+disable-flashinfer-autotune disable-hc-sp disable-layerwise-nvtx-tracing disable-logging-iteration-details
+disable-lora disable-mamba-cache-stochastic-rounding disable-mamba-shared-prefix-checkpoint disable-mfu-metrics
+disable-mixed-moe-lora-format disable-mm-embeds disable-moe-shared-loras disable-nccl-comm-suspend
+disable-prefix-caching disable-prompt-embeds disable-return-routed-experts disable-shm-tensor-arena
+disable-sleep-mode disable-tower-connector-lora disable-trace-replay dp-sync-interval ec-manager-config
+elastic-ep-max-dp-size enable-batch-sharded-sampling enable-cascade-attn enable-chunked-mm-input
+enable-custom-all-reduce enable-fault-tolerance enable-hc-sp enable-hybrid-kv-cache-manager
+enable-mamba-shared-prefix-checkpoint enable-nccl-comm-suspend enable-nccl-for-dp-synchronization
+enable-shm-tensor-arena enable-sliding-window enable-trace-replay engram-config fault-tolerance-config
+kda-decode-backend kda-prefill-backend log-config-file log-level logging-config
+long-prefill-token-threshold-adaptive mamba-ssu-algorithm max-lora-cls-labels max-num-active-seqs
+max-num-queued-reqs max-num-queued-tokens mm-device-do-normalize mm-hasher-algorithm mm-processor-device
+monokernel no-dcp-q-replicate no-long-prefill-token-threshold-adaptive no-mm-device-do-normalize no-monokernel
+no-return-sampling-mask no-sleep-mode-offload-cudagraph no-swa-bounded-replay no-use-replayssm
+per-request-spec-decode-metrics prefix-cache-retention-interval replayssm-buffer-len return-sampling-mask
+sleep-mode-backend sleep-mode-offload-cudagraph sleep-preserve-parameter-names sparse-indexer-topk-backend
+swa-bounded-replay use-replayssm video-pruning-method watchdog-config watermark-config
+""".split())
+VLLM_REMOVED_AFTER_0_26 = frozenset("""
+calculate-kv-scales enable-bf16x3-router-gemm max-long-partial-prefills max-num-partial-prefills
+no-calculate-kv-scales no-disable-cascade-attn no-disable-chunked-mm-input no-disable-custom-all-reduce
+no-disable-hybrid-kv-cache-manager no-disable-nccl-for-dp-synchronization no-disable-sliding-window
+no-enable-bf16x3-router-gemm no-enable-chunked-prefill no-enable-cumem-allocator no-enable-dbo
+no-enable-elastic-ep no-enable-ep-weight-filter no-enable-eplb no-enable-expert-parallel
+no-enable-flashinfer-autotune no-enable-layerwise-nvtx-tracing no-enable-logging-iteration-details
+no-enable-lora no-enable-mamba-cache-stochastic-rounding no-enable-mfu-metrics no-enable-mixed-moe-lora-format
+no-enable-mm-embeds no-enable-moe-shared-loras no-enable-prefix-caching no-enable-prompt-embeds
+no-enable-return-routed-experts no-enable-sleep-mode no-enable-tower-connector-lora override-attention-dtype
+""".split())
+VLLM_TABLES: dict[str, frozenset] = {
+    "0.33.0": VLLM_FLAGS, "0.26.0": (VLLM_FLAGS - VLLM_ADDED_AFTER_0_26) | VLLM_REMOVED_AFTER_0_26}
+# Releases whose config-file loader drops a boolean set to false (vLLM 0.26.0's FlexibleArgumentParser.
+# load_config_file, vllm/utils/argparse_utils.py line 572: only `true` becomes an argument), so a planned
+# `enable-chunked-prefill: false` is written as `no-enable-chunked-prefill: true`; 0.33.0's loader passes
+# `--no-x` for `x: false` (line 657).
+VLLM_DROPS_FALSE = frozenset({"0.26.0"})
+SGLANG_TABLES: dict[str, frozenset] = {SGLANG_VERSION: SGLANG_FLAGS}
+TRTLLM_TABLES: dict[str, frozenset] = {TRTLLM_VERSION: TRTLLM_FIELDS}
