@@ -6,7 +6,8 @@ vLLM: given a Python interpreter that has vLLM installed (an argument, the recip
 ``EngineArgs.add_cli_args(FlexibleArgumentParser())`` parses ``--model <folder> --config
 config.yaml`` and ``EngineArgs.from_cli_args(ns).create_engine_config()`` builds the engine
 config against the real model folder (its config.json, tokenizer and quantization), which
-is where vLLM refuses bad parallel sizes, context lengths and quantization methods. Nothing
+is where vLLM refuses bad parallel sizes, context lengths and quantization methods; an option
+the parser lacks, and a ``false`` its config loader would drop, are named first. Nothing
 is loaded onto a device. Without such an interpreter the config is checked against the
 versioned flag table (``llmopt.deploy.flags``) plus the same shape rules, and the result
 says which was used (``validated_by``).
@@ -35,12 +36,24 @@ try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     out["version"] = vllm.__version__
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    import yaml
+    with open(config) as f:
+        written = yaml.safe_load(f) or {}
+    options = parser._option_string_actions
+    out["unknown"] = sorted(k for k in written if "--" + str(k) not in options)
+    if out["unknown"]:
+        raise ValueError("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             ns = parser.parse_args(["--model", model, "--config", config])
     except SystemExit:
         raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
+    for key, value in written.items():
+        got = getattr(ns, options["--" + key].dest, None)
+        if value is False and got is not False:
+            raise ValueError(f"{key}: false in a config file reaches this vLLM as {got} (its loader drops it); "
+                             f"write no-{key}: true")
     engine = EngineArgs.from_cli_args(ns).create_engine_config()
     out["engine"] = {
         "max_model_len": engine.model_config.max_model_len,
@@ -64,11 +77,15 @@ def engine_python(explicit: str | None = None) -> str | None:
     return explicit or os.environ.get(ENV_VAR) or None
 
 
-def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None, timeout: int = 900) -> dict:
-    """``{"ok", "validated_by", "errors"}`` for a vLLM config.yaml and the model folder it serves."""
-    exe = engine_python(python)
+def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None, timeout: int = 900,
+                  version: str | None = None) -> dict:
+    """``{"ok", "validated_by", "errors", "unknown"}`` for a vLLM config.yaml and the model folder it serves
+    (``unknown``: the config's options the installed parser lacks). ``version``: the vLLM release the config is
+    written for, and ``python`` the one that has it installed (None: llmopt's flag table of that version); without
+    ``version``, ``python`` falls back to $LLMOPT_VLLM_PYTHON and the table to vLLM 0.33.0's."""
+    exe = engine_python(python) if version is None else python
     if exe is None:
-        return vllm_table_check(_load_yaml(config_path), model_dir)
+        return vllm_table_check(_load_yaml(config_path), model_dir, version or flags.VLLM_VERSION)
     if not Path(exe).is_file():
         raise UsageError(f"the vLLM Python {exe!r} does not exist", where=ENV_VAR if not python else "serve.engine_python",
                          fix="run `make vllm-env` (it builds .test-envs/vllm/bin/python) or unset it")
@@ -135,10 +152,13 @@ def _type_problem(value, spec) -> str:
     return "" if ok else f"expected {spec.__name__}, got {value!r}"
 
 
-def vllm_table_check(config: dict, model_dir: Path) -> dict:
-    """The flag table of vLLM 0.33.0 plus the shape rules vLLM's create_engine_config applies."""
+def vllm_table_check(config: dict, model_dir: Path, version: str = flags.VLLM_VERSION) -> dict:
+    """llmopt's flag table of a vLLM release (0.33.0 unless named) plus the shape rules vLLM's
+    create_engine_config applies."""
     config = {k.replace("_", "-"): v for k, v in config.items()}
-    errors, _ = check_flags(config, flags.VLLM_TYPES, flags.VLLM_FLAGS)
+    names = flags.VLLM_TABLES[version]
+    errors, _ = check_flags(config, flags.VLLM_TYPES, names)
+    unknown = sorted(k for k in config if k not in names)
     model_config = Path(model_dir) / "config.json"
     if model_config.is_file():
         from llmopt.modelinfo import from_folder
@@ -146,7 +166,7 @@ def vllm_table_check(config: dict, model_dir: Path) -> dict:
         errors += shape_errors(from_folder(model_dir), config.get("tensor-parallel-size", 1),
                                config.get("max-model-len"), config.get("max-num-seqs"),
                                config.get("max-num-batched-tokens"), config.get("enable-chunked-prefill", True))
-    return {"ok": not errors, "validated_by": f"flag table vllm {flags.VLLM_VERSION}", "errors": errors}
+    return {"ok": not errors, "validated_by": f"flag table vllm {version}", "errors": errors, "unknown": unknown}
 
 
 def shape_errors(info, tp: int, max_model_len, max_num_seqs, batched, chunked: bool) -> list[str]:

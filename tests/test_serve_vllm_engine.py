@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from llmopt import api, validate_engine
+from llmopt.deploy import flags
+from llmopt.errors import UsageError
 
 from conftest import link_tree, tiny_recipe, write_recipe
+from test_deploy_configs import render
 
 pytestmark = pytest.mark.slow
 VALIDATED = "vllm 0.33.0 EngineArgs"
@@ -65,3 +68,15 @@ def test_vllm_refuses_tensor_parallel_2_for_nine_heads(demo_artifact, vllm_pytho
     table = validate_engine.vllm_table_check({"tensor-parallel-size": 2}, demo_artifact / "model")
     assert table["validated_by"] == "flag table vllm 0.33.0" and not table["ok"]
     assert "must be divisible by tensor parallel size (2)" in table["errors"][0]
+
+
+def test_an_option_the_installed_vllm_lacks_is_a_plan_error_naming_it(tmp_path, vllm_python, monkeypatch):
+    """Where llmopt has no table of the installed release, vLLM's own parser decides: with 0.33.0's table set
+    aside, the parser of the installed 0.33.0 refuses --max-num-partial-prefills (an option of 0.26.0 that 0.33.0
+    dropped) before any model is read, and the deploy stage stops with a plan error (exit 2)."""
+    monkeypatch.setattr(flags, "VLLM_TABLES", {"0.26.0": flags.VLLM_TABLES["0.26.0"]})
+    serve = f'engine_python = "{vllm_python}"\nextra_args = {{ max-num-partial-prefills = 2 }}'
+    with pytest.raises(UsageError) as info:
+        render(tmp_path, "vllm", serve)
+    assert info.value.exit_code == 2 and info.value.where == "serve.extra_args"
+    assert f"vLLM 0.33.0 has no option --max-num-partial-prefills (checked by {VALIDATED})" in str(info.value)

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
-from llmopt.deploy import extras, files, flags, inputs, nodes
+from llmopt.deploy import extras, files, flags, inputs, nodes, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -104,7 +104,11 @@ class SglangOptions(files.DeploymentOptions):
         "otherwise an error.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str = Field("lmsysorg/sglang", description="Container image of the deployment files.")
-    tag: str = Field(f"v{flags.SGLANG_VERSION}", description="Image tag.")
+    tag: str | None = Field(None, description="Image tag; default: v<engine_version> (v0.5.23).")
+    engine_version: str | None = Field(
+        None, pattern=versions.PATTERN,
+        description=f"SGLang release the config is written for; llmopt has a flag table of {flags.SGLANG_VERSION} (the "
+        "default) only.")
 
 
 def modelopt_algo(quant: dict | None) -> str | None:
@@ -225,6 +229,9 @@ class SglangServe(ServeBackend):
         return ACCEPTS
 
     def check(self, options: SglangOptions, ctx: PlanContext) -> list[Problem]:
+        choice = versions.table_choice("SGLang", options.engine_version, flags.SGLANG_TABLES, flags.SGLANG_VERSION)
+        version_problems = [Problem(choice.error[0], ctx.where("engine_version"), choice.error[1])] \
+            if choice.error else []
         extra = canonical(options.extra_args)
         errors, _ = validate_engine.check_flags(extra, flags.SGLANG_TYPES, flags.SGLANG_FLAGS)
         problems = [Problem(f"SGLang {flags.SGLANG_VERSION}: {e}", ctx.where("extra_args"),
@@ -243,11 +250,15 @@ class SglangServe(ServeBackend):
                                  inputs.model_dtype(recipe, ctx.model, ctx.gpu))
             found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target,
                                          ctx.where("extra_args"))
+        problems = version_problems + problems
         return problems + found + extras.problems(merged, overrides(options), extra, ctx.where("extra_args"),
                                                   "extra_args", PARALLEL)
 
     def render(self, options: SglangOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
+        choice = versions.table_choice("SGLang", options.engine_version, flags.SGLANG_TABLES, flags.SGLANG_VERSION)
+        if choice.error:
+            raise UsageError(choice.error[0], where="serve.engine_version", fix=choice.error[1])
         if ctx.gpu is None:
             raise UsageError("SGLang launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
         options = effective(options)
@@ -270,7 +281,8 @@ class SglangServe(ServeBackend):
                               where="serve", fix="adjust the [serve] options named in the message")
         gpus = inputs.reserved(gpu_sizes(args))
         launch = files.Launch(
-            "sglang", recipe.name, f"{options.image}:{options.tag}", ["python3", "-m", "sglang.launch_server"],
+            "sglang", recipe.name, f"{options.image}:{versions.image_tag(options.tag, choice.version, 'v')}",
+            ["python3", "-m", "sglang.launch_server"],
             ["--model-path", "{model}", *argv(args), "--host", "0.0.0.0", "--port", str(options.port)],
             options.port, gpus, options,
             # SGLang 0.5.23 (sglang/srt/entrypoints/http_server.py): /ready answers whether the server takes
@@ -283,7 +295,7 @@ class SglangServe(ServeBackend):
             written = nodes.write_all(folder, launch, node_commands(launch, planned.nodes))
         else:
             written = files.write_all(folder, launch)
-        return {"engine": "sglang", "engine_version": flags.SGLANG_VERSION, "command": launch.command("."),
+        return {"engine": "sglang", "engine_version": choice.version, "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/sglang/{f}" for f in written],
                 "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": args,
                 "quantization": args.get("quantization") or (quant or {}).get("quant_method"),

@@ -25,7 +25,7 @@ from pydantic import Field
 from llmopt import formats, memory, validate_engine
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog import engines
-from llmopt.deploy import extras, files, flags, inputs, nodes
+from llmopt.deploy import extras, files, flags, inputs, nodes, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -112,7 +112,11 @@ class TrtllmOptions(files.DeploymentOptions):
         "contradicts a planned value is otherwise an error.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str = Field("nvcr.io/nvidia/tensorrt-llm/release", description="Container image of the deployment files.")
-    tag: str = Field(flags.TRTLLM_VERSION, description="Image tag.")
+    tag: str | None = Field(None, description="Image tag; default: <engine_version> (1.2.1).")
+    engine_version: str | None = Field(
+        None, pattern=versions.PATTERN,
+        description=f"TensorRT-LLM release the config is written for; llmopt has a flag table of "
+        f"{flags.TRTLLM_VERSION} (the default) only.")
 
 
 def kv_fraction(planned: memory.MemoryPlan) -> float:
@@ -238,6 +242,10 @@ class TrtllmServe(ServeBackend):
         return ACCEPTS
 
     def check(self, options: TrtllmOptions, ctx: PlanContext) -> list[Problem]:
+        choice = versions.table_choice("TensorRT-LLM", options.engine_version, flags.TRTLLM_TABLES,
+                                       flags.TRTLLM_VERSION)
+        version_problems = [Problem(choice.error[0], ctx.where("engine_version"), choice.error[1])] \
+            if choice.error else []
         problems = []
         if ctx.recipe.recipe.target.nodes > 1 and options.image == TrtllmOptions.model_fields["image"].default:
             problems.append(Problem(NO_SSHD, ctx.where("image"), NO_SSHD_FIX, severity="warning"))
@@ -255,11 +263,16 @@ class TrtllmServe(ServeBackend):
             merged = merged_config(options, planned, recipe, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
                                    trtllm_kv_dtype(options, quant))
             found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra"))
+        problems = version_problems + problems
         return problems + found + extras.problems(merged, options.override, options.extra, ctx.where("extra"),
                                                   "extra", PARALLEL)
 
     def render(self, options: TrtllmOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
+        choice = versions.table_choice("TensorRT-LLM", options.engine_version, flags.TRTLLM_TABLES,
+                                       flags.TRTLLM_VERSION)
+        if choice.error:
+            raise UsageError(choice.error[0], where="serve.engine_version", fix=choice.error[1])
         if ctx.gpu is None:
             raise UsageError("TensorRT-LLM launch configs need a target GPU", fix=inputs.GPU_ENGINES_NEED_GPU)
         options = effective(options)
@@ -285,7 +298,8 @@ class TrtllmServe(ServeBackend):
                         f"llmopt; {inputs.summary(planned)}).", comments(planned, config))
         gpus = inputs.reserved(gpu_sizes(config))
         launch = files.Launch(
-            "trtllm", recipe.name, f"{options.image}:{options.tag}", ["trtllm-serve"],
+            "trtllm", recipe.name, f"{options.image}:{versions.image_tag(options.tag, choice.version, '')}",
+            ["trtllm-serve"],
             ["{model}", "--backend", "pytorch", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
              "--port", str(options.port)], options.port, gpus // planned.nodes, options,
             # trtllm-serve's /health asks the executor whether it is alive; /health_generate runs a generation
@@ -301,7 +315,7 @@ class TrtllmServe(ServeBackend):
         commands = node_commands(launch, planned.nodes) if planned.nodes > 1 else None
         written = ["config.yaml", *(nodes.write_all(folder, launch, commands) if commands
                                     else files.write_all(folder, launch))]
-        return {"engine": "trtllm", "engine_version": flags.TRTLLM_VERSION,
+        return {"engine": "trtllm", "engine_version": choice.version,
                 "command": "deploy/trtllm/launch.sh", "launch": "deploy/trtllm/launch.sh",
                 "image": launch.image, "port": options.port, "files": [f"deploy/trtllm/{f}" for f in written],
                 "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": config,

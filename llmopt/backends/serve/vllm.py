@@ -3,9 +3,13 @@
 The memory model (``llmopt.memory``) picks the parallel sizes, ``max_num_seqs``,
 ``max_num_batched_tokens`` and ``gpu_memory_utilization`` for the recipe's target GPU,
 ``max_model_len`` and workload; the quantization is read from the checkpoint's config.json.
-The config is checked with vLLM's own parser (``EngineArgs`` and ``create_engine_config``)
-when a Python with vLLM is named (option ``engine_python`` or ``LLMOPT_VLLM_PYTHON``;
-``make vllm-env`` builds one), else against the flag table of vLLM 0.33.0.
+The config is written for one vLLM release (``llmopt.deploy.versions``): ``engine_version``, else
+the vLLM installed here (a Python named by option ``engine_python`` or ``LLMOPT_VLLM_PYTHON``,
+``make vllm-env`` builds one; else the ``vllm`` on PATH), else 0.33.0. Its flags are checked against
+llmopt's flag table of that release at plan time (0.33.0 and 0.26.0), and by vLLM's own parser
+(``EngineArgs`` and ``create_engine_config``) at the deploy stage where that release is installed; the
+config's header and the manifest say which. A flag the release lacks is a plan error (exit 2). The
+image tag follows the release (``vllm/vllm-openai:v0.26.0``).
 Needs: pyyaml (the ``deploy`` extra); vLLM itself only to validate, in its own environment.
 Produces: ``deploy/vllm/config.yaml`` (long option names as keys), ``launch.sh``,
 ``docker-compose.yaml`` and ``kubernetes.yaml`` (image ``vllm/vllm-openai``); for a replica over
@@ -22,7 +26,7 @@ from pydantic import Field
 from llmopt import formats
 from llmopt import memory, validate_engine
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
-from llmopt.deploy import extras, files, flags, inputs, nodes
+from llmopt.deploy import extras, files, flags, inputs, nodes, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -112,10 +116,14 @@ class VllmOptions(files.DeploymentOptions):
         "value is otherwise an error.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str = Field("vllm/vllm-openai", description="Container image of docker-compose.yaml and kubernetes.yaml.")
-    tag: str = Field(f"v{flags.VLLM_VERSION}", description="Image tag.")
+    tag: str | None = Field(None, description="Image tag; default: v<engine_version> (e.g. v0.26.0).")
+    engine_version: str | None = Field(
+        None, pattern=versions.PATTERN,
+        description="vLLM release the config is written for (e.g. \"0.26.0\"); default: the vLLM installed here, "
+        "else 0.33.0. Without it installed, it must be one llmopt has a flag table of (0.26.0, 0.33.0).")
     engine_python: str | None = Field(
-        None, description="Python with vLLM installed to validate the config with vLLM's own parser "
-        "(default: $LLMOPT_VLLM_PYTHON; none: the flag table).")
+        None, description="Python with vLLM installed, whose version and own parser check the config (default: "
+        "$LLMOPT_VLLM_PYTHON, else the `vllm` on PATH; none: llmopt's flag table of engine_version).")
 
 
 def vllm_quantization(quant: dict | None, gpu) -> str | None:
@@ -130,6 +138,34 @@ def vllm_quantization(quant: dict | None, gpu) -> str | None:
     if method in ("awq", "gptq"):
         return f"{method}_marlin" if gpu is not None and gpu.cc >= (8, 0) else method
     return method if method in flags.VLLM_QUANTIZATION else None
+
+
+def engine_choice(options: VllmOptions) -> tuple[versions.Choice, tuple[str, str, str] | None]:
+    """The vLLM release the config is written for and, when a named Python has no vLLM, (what, where, fix)."""
+    installed, bad = versions.installed_vllm(options.engine_python, validate_engine.ENV_VAR)
+    stated = versions.normalized(options.engine_version) if options.engine_version else None
+    return versions.choose("vLLM", stated, installed, flags.VLLM_TABLES, flags.VLLM_VERSION), bad
+
+
+def spelled(config: dict, version: str) -> dict:
+    """The config as the release reads it: ``no-x: true`` for a planned ``x: false`` where its config loader
+    drops a false (``flags.VLLM_DROPS_FALSE``)."""
+    if version not in flags.VLLM_DROPS_FALSE:
+        return config
+    return {(f"no-{k}" if v is False and k in BOOLEANS else k): (True if v is False and k in BOOLEANS else v)
+            for k, v in config.items()}
+
+
+def missing_flags(choice: versions.Choice, config: dict, extra: dict) -> list[tuple[str, str]]:
+    """(flag, what to do) for each option of the config that llmopt's table of the release lacks."""
+    from_user = set(extra) | set(spelled(extra, choice.version))
+    out = []
+    for flag in choice.missing(config):
+        having = [v for v, names in sorted(flags.VLLM_TABLES.items()) if flag in names]
+        fix = "remove it from extra_args" if flag in from_user else "leave out the option that writes it"
+        out.append((flag, fix + (f", or write for a vLLM that has it (engine_version = \"{having[-1]}\")" if having
+                                 else " (a long option of `vllm serve --help`, without the leading --)")))
+    return out
 
 
 def kv_cache_dtype(options: VllmOptions, quant: dict | None) -> str:
@@ -252,9 +288,8 @@ class VllmServe(ServeBackend):
 
     def check(self, options: VllmOptions, ctx: PlanContext) -> list[Problem]:
         extra = canonical(options.extra_args)
-        problems = [Problem(f"unknown vLLM {flags.VLLM_VERSION} option {name!r}", ctx.where("extra_args"),
-                            "use a long option name of `vllm serve --help`, without the leading --")
-                    for name in extra if name not in flags.VLLM_FLAGS]
+        choice, bad = engine_choice(options)
+        problems = version_problems(choice, bad, ctx)
         if options.speculative_method in ("eagle", "eagle3", "draft_model") and not options.speculative_model:
             problems.append(Problem(f"speculative_method {options.speculative_method!r} needs a draft model",
                                     ctx.where("speculative_model"), "set speculative_model to its path or hub id"))
@@ -272,6 +307,13 @@ class VllmServe(ServeBackend):
                                    kv_cache_dtype(options, quant), ctx.gpu)
             found += inputs.gpu_problems("vllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra_args"))
         found += extras.problems(merged, overrides(options), extra, ctx.where("extra_args"), "extra_args", PARALLEL)
+        if choice.error is None:
+            config = spelled(merged.config or extra, choice.version)
+            found += [Problem(f"vLLM {choice.version} has no option --{flag} (checked against {choice.checked_by}"
+                              f"; the version from {choice.source})",
+                              ctx.where("extra_args" if flag.removeprefix("no-") in extra or flag in extra
+                                        else "engine_version"), fix)
+                      for flag, fix in missing_flags(choice, config, extra)]
         return problems + found
 
     def render(self, options: VllmOptions, ctx: StageContext) -> dict:
@@ -287,11 +329,19 @@ class VllmServe(ServeBackend):
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager)
         merged = merged_config(options, planned, recipe, quant, dtype, kv_dtype, ctx.gpu)
         extras.refuse(merged, "extra_args")
-        config = merged.config
-        files.dump_yaml(config, folder / "config.yaml", f"# vLLM {flags.VLLM_VERSION} engine arguments for "
-                        f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; "
-                        f"{inputs.summary(planned)}).", inputs.limit_comments(planned, config, LIMITS, "extra_args"))
-        validation = validate_engine.validate_vllm(folder / "config.yaml", model_dir, options.engine_python)
+        choice, bad = engine_choice(options)
+        refuse_version(choice, bad)
+        config = spelled(merged.config, choice.version)
+        refuse_flags(choice, config, canonical(options.extra_args), choice.checked_by)
+        files.dump_yaml(config, folder / "config.yaml", f"# vLLM {choice.version} engine arguments for "
+                        f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; version from "
+                        f"{choice.source}; flags checked by {choice.checked_by}; {inputs.summary(planned)}).",
+                        inputs.limit_comments(planned, config, LIMITS, "extra_args"))
+        validation = validate_engine.validate_vllm(folder / "config.yaml", model_dir, choice.installed and
+                                                   choice.installed.python, version=choice.version)
+        if validation.get("unknown"):
+            refuse_flags(choice, {k: None for k in validation["unknown"]}, canonical(options.extra_args),
+                         validation["validated_by"], everything=True)
         if not validation["ok"]:
             raise StageFailed(f"{validation['validated_by']} refused the vLLM config: "
                               + "; ".join(validation["errors"]), where=str(folder / "config.yaml"),
@@ -299,15 +349,53 @@ class VllmServe(ServeBackend):
         gpus = inputs.reserved(gpu_sizes(config))
         # vLLM's /health answers 503 once the engine is dead, and the server listens only after the engine is up
         # (vllm/entrypoints/serve/instrumentator/health.py): one route for readiness and liveness
-        launch = files.Launch("vllm", recipe.name, f"{options.image}:{options.tag}", ["vllm", "serve"],
+        launch = files.Launch("vllm", recipe.name, f"{options.image}:{versions.image_tag(options.tag, choice.version)}",
+                              ["vllm", "serve"],
                               ["{model}", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
                                "--port", str(options.port)], options.port, gpus // planned.nodes, options,
                               user=IMAGE_USER)
         commands = node_commands(launch, planned.nodes) if planned.nodes > 1 else None
         written = ["config.yaml", *(nodes.write_all(folder, launch, commands) if commands
                                     else files.write_all(folder, launch))]
-        return {"engine": "vllm", "engine_version": flags.VLLM_VERSION, "command": launch.command("."),
+        return {"engine": "vllm", "engine_version": choice.version, "engine_version_from": choice.source,
+                "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/vllm/{f}" for f in written],
                 "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": config,
                 "quantization": config.get("quantization"), "memory": planned.to_dict(),
-                "validated_by": validation["validated_by"], "warnings": planned.warnings}
+                "validated_by": validation["validated_by"],
+                "warnings": planned.warnings + ([choice.warning] if choice.warning else [])}
+
+
+def version_problems(choice: versions.Choice, bad: tuple[str, str, str] | None, ctx: PlanContext) -> list[Problem]:
+    """The plan's findings about the release the config is written for."""
+    problems = []
+    if bad:
+        what, found_by, fix = bad
+        problems.append(Problem(what, ctx.where("engine_python") if found_by == "serve.engine_python" else found_by,
+                                fix))
+    if choice.error:
+        problems.append(Problem(choice.error[0], ctx.where("engine_version"), choice.error[1]))
+    if choice.warning:
+        problems.append(Problem(choice.warning, ctx.where("engine_version"), "set engine_version to the installed "
+                                "release, or name a Python with the release written for (engine_python)",
+                                severity="warning"))
+    return problems
+
+
+def refuse_version(choice: versions.Choice, bad: tuple[str, str, str] | None) -> None:
+    if bad:
+        raise UsageError(bad[0], where=bad[1], fix=bad[2])
+    if choice.error:
+        raise UsageError(choice.error[0], where="serve.engine_version", fix=choice.error[1])
+
+
+def refuse_flags(choice: versions.Choice, config: dict, extra: dict, checked_by: str, everything: bool = False) -> None:
+    """A plan error naming each option of ``config`` the release lacks (all of them with ``everything``: the
+    installed parser found them)."""
+    found = ([(flag, "remove it from extra_args" if flag in extra else "leave out the option that writes it")
+              for flag in config] if everything else missing_flags(choice, config, extra))
+    if found:
+        raise UsageError(f"vLLM {choice.version} has no option " + ", ".join(f"--{f}" for f, _ in found)
+                         + f" (checked by {checked_by})", where="serve.extra_args" if any(
+                             f in extra for f, _ in found) else "serve.engine_version",
+                         fix="; ".join(f"--{f}: {fix}" for f, fix in found))
