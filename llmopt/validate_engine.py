@@ -29,13 +29,15 @@ MARK = "LLMOPT_RESULT "
 VLLM_SCRIPT = r"""
 import contextlib, io, json, os, sys
 model, config = sys.argv[1], sys.argv[2]
-out = {"ok": False, "errors": [], "version": None}
+out = {"ok": False, "errors": [], "version": None, "stage": "import"}
 try:
     import vllm
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     out["version"] = vllm.__version__
+    out["stage"] = "parser"
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    out["stage"] = "config"
     import yaml
     with open(config) as f:
         written = yaml.safe_load(f) or {}
@@ -79,8 +81,9 @@ def engine_python(explicit: str | None = None) -> str | None:
 
 def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None, timeout: int = 900,
                   version: str | None = None) -> dict:
-    """``{"ok", "validated_by", "errors", "unknown"}`` for a vLLM config.yaml and the model folder it serves
-    (``unknown``: the config's options the installed parser lacks). ``version``: the vLLM release the config is
+    """``{"ok", "validated_by", "errors", "unknown", "stage"}`` for a vLLM config.yaml and the model folder it
+    serves (``unknown``: the config's options the installed parser lacks; ``stage``: where a failure came from,
+    "import" or "parser" when vLLM could not build its parser here, "config" when it judged the config). ``version``: the vLLM release the config is
     written for, and ``python`` the one that has it installed (None: llmopt's flag table of that version); without
     ``version``, ``python`` falls back to $LLMOPT_VLLM_PYTHON and the table to vLLM 0.33.0's."""
     exe = engine_python(python) if version is None else python
@@ -99,7 +102,8 @@ def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None,
     line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(MARK)), None)
     if line is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"ok": False, "validated_by": "vllm EngineArgs", "errors": ["the validation script failed: " + " | ".join(tail)]}
+        return {"ok": False, "validated_by": "vllm EngineArgs", "stage": "import",
+                "errors": ["the validation script failed: " + " | ".join(tail)]}
     result = json.loads(line[len(MARK):])
     result["validated_by"] = f"vllm {result.pop('version')} EngineArgs"
     return result

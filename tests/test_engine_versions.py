@@ -17,7 +17,7 @@ import yaml
 
 from llmopt import validate_engine
 from llmopt.deploy import versions
-from llmopt.errors import RecipeError, UsageError
+from llmopt.errors import RecipeError, StageFailed, UsageError
 
 from conftest import run_cli, write_recipe
 from test_deploy_configs import RECIPE, plan_errors, planned, render
@@ -27,18 +27,23 @@ FAKE_VLLM = """#!{python}
 import json, sys
 if "importlib.metadata" in sys.argv[2]:
     print("{version}")
+elif {no_parser!r}:  # a CUDA build of vLLM on a machine without a GPU
+    print("LLMOPT_RESULT " + json.dumps({{"ok": False, "errors": ["RuntimeError: Failed to infer device type"],
+                                         "version": "{version}", "stage": "parser"}}))
 else:
     unknown = {unknown!r}
     print("LLMOPT_RESULT " + json.dumps({{"ok": not unknown, "errors": ["unknown option(s)"] if unknown else [],
-                                         "version": "{version}", "unknown": unknown}}))
+                                         "version": "{version}", "unknown": unknown, "stage": "config"}}))
 """
 
 
-def fake_vllm_python(folder: Path, version: str, unknown: tuple[str, ...] = ()) -> Path:
-    """An executable that answers as a Python with vLLM ``version`` whose parser lacks ``unknown``."""
+def fake_vllm_python(folder: Path, version: str, unknown: tuple[str, ...] = (), no_parser: bool = False) -> Path:
+    """An executable that answers as a Python with vLLM ``version`` whose parser lacks ``unknown`` (or, with
+    ``no_parser``, cannot be built here)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "python"
-    path.write_text(FAKE_VLLM.format(python=sys.executable, version=version, unknown=list(unknown)))
+    path.write_text(FAKE_VLLM.format(python=sys.executable, version=version, unknown=list(unknown),
+                                     no_parser=no_parser))
     path.chmod(0o755)
     versions.read_version.cache_clear()
     return path
@@ -148,13 +153,19 @@ def test_a_stated_version_other_than_the_installed_one_is_checked_by_its_table_w
     assert missing[0].startswith(f"the Python '{tmp_path / 'env' / 'nothing'}' has no vLLM installed")
 
 
-def test_vllm_on_path_is_read_through_the_interpreter_of_its_script(tmp_path, monkeypatch):
-    python = fake_vllm_python(tmp_path / "env", "0.26.0")
+def vllm_on_path(tmp_path: Path, monkeypatch, python: Path) -> Path:
+    """A `vllm` console script of ``python`` on PATH; returns its folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(f"#!{python}\nimport sys\nfrom vllm.entrypoints.cli.main import main\n")
     (bin_dir / "vllm").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return bin_dir
+
+
+def test_vllm_on_path_is_read_through_the_interpreter_of_its_script(tmp_path, monkeypatch):
+    python = fake_vllm_python(tmp_path / "env", "0.26.0")
+    bin_dir = vllm_on_path(tmp_path, monkeypatch, python)
     installed, bad = versions.installed_vllm(None, validate_engine.ENV_VAR)
     assert bad is None and installed == versions.Installed("0.26.0", str(python), f"`vllm` on PATH ({bin_dir}/vllm)")
     # pip's preamble for a long interpreter path; a shell wrapper (as the simulated engines are) is not read
@@ -164,3 +175,18 @@ def test_vllm_on_path_is_read_through_the_interpreter_of_its_script(tmp_path, mo
     assert versions.script_python(str(bin_dir / "vllm")) is None
     assert versions.installed_vllm(None, validate_engine.ENV_VAR) == (None, None)
 
+
+
+def test_a_vllm_on_path_that_cannot_build_its_parser_here_leaves_the_check_to_the_table(tmp_path, monkeypatch):
+    bin_dir = vllm_on_path(tmp_path, monkeypatch, fake_vllm_python(tmp_path / "env", "0.26.0", no_parser=True))
+    record, folder = render(tmp_path / "r", "vllm")
+    assert record["engine_version"] == "0.26.0" and record["image"] == "vllm/vllm-openai:v0.26.0"
+    assert record["engine_version_from"] == f"installed here (`vllm` on PATH ({bin_dir}/vllm))"
+    assert record["validated_by"] == "flag table vllm 0.26.0"
+    assert any("cannot build its parser here (RuntimeError: Failed to infer device type)" in w
+               for w in record["warnings"])
+    assert "flags checked by llmopt's flag table of vLLM 0.26.0" in (folder / "config.yaml").read_text().replace(
+        "\n# ", " ")
+    # a Python named for the check must be able to check: there the failure stops the stage
+    with pytest.raises(StageFailed, match="Failed to infer device type"):
+        render(tmp_path / "named", "vllm", f'engine_python = "{tmp_path / "env" / "python"}"')

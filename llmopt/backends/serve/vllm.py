@@ -19,6 +19,7 @@ leader/worker compose services, a LeaderWorkerSet).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import Field
@@ -333,19 +334,10 @@ class VllmServe(ServeBackend):
         refuse_version(choice, bad)
         config = spelled(merged.config, choice.version)
         refuse_flags(choice, config, canonical(options.extra_args), choice.checked_by)
-        files.dump_yaml(config, folder / "config.yaml", f"# vLLM {choice.version} engine arguments for "
-                        f"{recipe.name}: `vllm serve <model> --config config.yaml` (written by llmopt; version from "
-                        f"{choice.source}; flags checked by {choice.checked_by}; {inputs.summary(planned)}).",
-                        inputs.limit_comments(planned, config, LIMITS, "extra_args"))
-        validation = validate_engine.validate_vllm(folder / "config.yaml", model_dir, choice.installed and
-                                                   choice.installed.python, version=choice.version)
-        if validation.get("unknown"):
-            refuse_flags(choice, {k: None for k in validation["unknown"]}, canonical(options.extra_args),
-                         validation["validated_by"], everything=True)
-        if not validation["ok"]:
-            raise StageFailed(f"{validation['validated_by']} refused the vLLM config: "
-                              + "; ".join(validation["errors"]), where=str(folder / "config.yaml"),
-                              fix="adjust the [serve] options (or extra_args) named in the message")
+        validation, choice = checked_config(choice, config, folder, model_dir, canonical(options.extra_args),
+                                            f"{recipe.name}: `vllm serve <model> --config config.yaml`",
+                                            inputs.summary(planned), inputs.limit_comments(planned, config, LIMITS,
+                                                                                           "extra_args"))
         gpus = inputs.reserved(gpu_sizes(config))
         # vLLM's /health answers 503 once the engine is dead, and the server listens only after the engine is up
         # (vllm/entrypoints/serve/instrumentator/health.py): one route for readiness and liveness
@@ -364,6 +356,38 @@ class VllmServe(ServeBackend):
                 "quantization": config.get("quantization"), "memory": planned.to_dict(),
                 "validated_by": validation["validated_by"],
                 "warnings": planned.warnings + ([choice.warning] if choice.warning else [])}
+
+
+def checked_config(choice: versions.Choice, config: dict, folder, model_dir, extra: dict, what: str, summary: str,
+                   comments) -> tuple[dict, versions.Choice]:
+    """config.yaml written and checked by the release's own parser where it is installed, else by llmopt's table
+    of it. A vLLM found on PATH that cannot build its parser here (a CUDA build on a machine without a GPU) leaves
+    the check to the table, with a warning; an option the parser lacks is a plan error, a config it refuses fails
+    the stage."""
+    path = folder / "config.yaml"
+
+    def write(checked_by: str) -> None:
+        files.dump_yaml(config, path, f"# vLLM {choice.version} engine arguments for {what} (written by llmopt; "
+                        f"version from {choice.source}; flags checked by {checked_by}; {summary}).", comments)
+
+    write(choice.checked_by)
+    validation = validate_engine.validate_vllm(path, model_dir, choice.installed and choice.installed.python,
+                                               version=choice.version)
+    if not validation["ok"] and validation.get("stage") in ("import", "parser") and choice.installed \
+            and choice.installed.found_by.startswith("`vllm` on PATH") and choice.version in flags.VLLM_TABLES:
+        reason = (validation["errors"] or ["no reason given"])[0]
+        choice = dataclasses.replace(choice, installed=None, warning=(
+            f"the vLLM {choice.version} on PATH ({choice.installed.python}) cannot build its parser here ({reason}); "
+            f"the config was checked against llmopt's table of vLLM {choice.version}"))
+        write(choice.checked_by)
+        validation = validate_engine.validate_vllm(path, model_dir, None, version=choice.version)
+    if validation.get("unknown"):
+        refuse_flags(choice, {k: None for k in validation["unknown"]}, extra, validation["validated_by"],
+                     everything=True)
+    if not validation["ok"]:
+        raise StageFailed(f"{validation['validated_by']} refused the vLLM config: " + "; ".join(validation["errors"]),
+                          where=str(path), fix="adjust the [serve] options (or extra_args) named in the message")
+    return validation, choice
 
 
 def version_problems(choice: versions.Choice, bad: tuple[str, str, str] | None, ctx: PlanContext) -> list[Problem]:
