@@ -149,6 +149,12 @@ def test_a_stated_version_other_than_the_installed_one_is_checked_by_its_table_w
                for p in plan.problems if p.severity == "warning")
     record, _ = render(tmp_path / "r", "vllm", f'engine_python = "{python}"\nengine_version = "0.26.0"')
     assert record["validated_by"] == "flag table vllm 0.26.0" and record["image"] == "vllm/vllm-openai:v0.26.0"
+    # the installed release is written for when none is stated; at plan time its table checks, at the deploy stage
+    # its parser
+    errors = plan_errors(tmp_path / "p", "vllm", f'engine_python = "{python}"\n'
+                         'extra_args = { max-num-partial-prefills = 2 }')
+    assert errors[0].startswith("vLLM 0.33.0 has no option --max-num-partial-prefills (checked against llmopt's flag "
+                                "table of vLLM 0.33.0; the version from installed here (serve.engine_python))")
     missing = plan_errors(tmp_path / "none", "vllm", f'engine_python = "{tmp_path / "env" / "nothing"}"')
     assert missing[0].startswith(f"the Python '{tmp_path / 'env' / 'nothing'}' has no vLLM installed")
 

@@ -52,6 +52,10 @@ class Choice:
         """What checks the flags: the installed engine's parser or llmopt's table of the version."""
         if self.installed is not None:
             return f"{self.engine} {self.version}'s own parser ({self.installed.python})"
+        return self.table_name
+
+    @property
+    def table_name(self) -> str:
         return f"llmopt's flag table of {self.engine} {self.version}"
 
     def missing(self, names) -> list[str]:

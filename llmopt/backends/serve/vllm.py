@@ -310,7 +310,7 @@ class VllmServe(ServeBackend):
         found += extras.problems(merged, overrides(options), extra, ctx.where("extra_args"), "extra_args", PARALLEL)
         if choice.error is None:
             config = spelled(merged.config or extra, choice.version)
-            found += [Problem(f"vLLM {choice.version} has no option --{flag} (checked against {choice.checked_by}"
+            found += [Problem(f"vLLM {choice.version} has no option --{flag} (checked against {choice.table_name}"
                               f"; the version from {choice.source})",
                               ctx.where("extra_args" if flag.removeprefix("no-") in extra or flag in extra
                                         else "engine_version"), fix)
@@ -333,7 +333,7 @@ class VllmServe(ServeBackend):
         choice, bad = engine_choice(options)
         refuse_version(choice, bad)
         config = spelled(merged.config, choice.version)
-        refuse_flags(choice, config, canonical(options.extra_args), choice.checked_by)
+        refuse_flags(choice, config, canonical(options.extra_args), choice.table_name)
         validation, choice = checked_config(choice, config, folder, model_dir, canonical(options.extra_args),
                                             f"{recipe.name}: `vllm serve <model> --config config.yaml`",
                                             inputs.summary(planned), inputs.limit_comments(planned, config, LIMITS,
