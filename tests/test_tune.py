@@ -148,6 +148,22 @@ def bench_point(score: float) -> dict:
                         "total_token_throughput": score, "errors": {}}], "target": {}}
 
 
+def test_a_load_no_trial_serves_within_the_slo_is_said_to_be_unranked(tmp_path):
+    """As on a live vLLM at concurrency 256 with 2,048-token prompts and TTFT p99 <= 500 ms: every trial's goodput
+    is 0, so no candidate can beat the prediction, and the note says why instead of calling it a measured draw."""
+    from llmopt.tune import report
+
+    grid = {"a": [1, 2, 4], "b": [10, 20]}
+    result = Search(grid, lambda values, out_dir: bench_point(0.0), TrialStore(tmp_path), Budget(8, None, 1),
+                    goodput=True).execute()
+    assert result["winner"] == result["default"] and result["no_trial_met_slo"] is True
+    text = report.note(result | {"tuned": True})
+    assert "no trial met the SLO (goodput 0 in all 4)" in text and "Loosen [serve].slo" in text
+    scored = Search(grid, lambda values, out_dir: bench_point(3.0), TrialStore(tmp_path / "met"), Budget(8, None, 0),
+                    goodput=True).execute()
+    assert scored["no_trial_met_slo"] is False and "no candidate beat" in report.note(scored | {"tuned": True})
+
+
 def test_workers_and_threads_that_share_the_cores_move_together(tmp_path):
     """What two cores give llmopt serve: two workers of one thread win, but two of two lose to one of two and one
     of one loses too, so one parameter at a time stays at the default; moving the threads with the workers

@@ -48,6 +48,10 @@ def note(result: dict) -> str:
     if not result.get("tuned"):
         return f"Not tuned by llmopt: {result.get('reason')}."
     changed = {k: v for k, v in result["winner"].items() if v != result["default"].get(k)}
+    if not changed and result.get("no_trial_met_slo"):
+        return (f"Tuned by llmopt ({how(result)}): no trial met the SLO (goodput 0 in all "
+                f"{len(result.get('trials') or [])}), so the candidates could not be ranked; the prediction is kept. "
+                "Loosen [serve].slo or lower the workload's load to tune at it.")
     if not changed:
         return (f"Tuned by llmopt ({how(result)}): no candidate beat the predicted launch config by more than "
                 f"{result['min_gain']:.0%} in {result['objective']}; the prediction is kept.")

@@ -178,6 +178,8 @@ class Search:
             best = default
         return {"objective": self.objective, "default": default, "winner": best,  # gain None: the default scored 0
                 "gain": ratio if best != default else 1.0, "stopped": self.stopped,
+                # goodput 0 in every trial: nothing met the SLO at this load, so no candidate could be ranked
+                "no_trial_met_slo": self.goodput and not any(eligible(t) > 0 for t in self.trials),
                 "simulated": any(t.get("simulated") for t in self.trials), "trials": self.trials,
                 "space": self.grid, "budget": vars(self.budget), "min_gain": MIN_GAIN,
                 "seconds": round(time.monotonic() - self.started, 1)}
