@@ -68,6 +68,12 @@ NOT_RUN = {
      "kind=hf_auto,model=artifacts/quickstart/model"):
         "GuideLLM is not installed by `make test`: from PyPI it pulls a CUDA torch; tests/test_server.py replays "
         "its request bodies against llmopt serve instead",
+    ("guidellm run --backend kind=openai_http,target=http://127.0.0.1:8000 --profile kind=sweep --constraint "
+     "kind=max_duration,seconds=60 --data kind=synthetic_text,prompt_tokens=256,output_tokens=128 --tokenizer "
+     "kind=hf_auto,model=artifacts/quickstart/model --output kind=json,path=guidellm-sweep.json"):
+        "GuideLLM is not installed by `make test` (a CUDA torch from PyPI), and its sweep runs 13 minutes on two "
+        "cores; its report is docs/runs/guidellm-sweep-quickstart-cpu.json, and tests/test_deploy_configs.py "
+        "checks that the ort deploy's launch.sh queues the 512 requests it keeps in flight",
     "llmopt sweep my.toml --executor ray --address auto --cache-dir /shared/llmopt-cache -o /shared/sweeps/my":
         "joins a running Ray cluster (`--address auto`) and writes to a folder its machines share; "
         "tests/test_sweep.py runs the Ray executor on a local cluster and compares its table with the local one's",
