@@ -32,7 +32,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 # vLLM 0.33.0 in its own environment, only to check launch configs with vLLM's own parser
-# (EngineArgs + create_engine_config with VLLM_TARGET_DEVICE=cpu; see llmopt/validate_engine.py).
+# (EngineArgs + create_engine_config with VLLM_TARGET_DEVICE=cpu; see llmopt/deploy/validate_engine.py).
 # vLLM pins torch 2.14.0 and a CUDA stack, so its wheel goes in without dependencies, next to the
 # CPU torch and the packages its argument parsing and config code import. The list was found by
 # trying (importing, installing what was missing, again) and is pinned to the versions that worked.

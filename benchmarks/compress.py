@@ -104,7 +104,9 @@ def direct_inputs(recipe: Path, name: str, work: Path) -> Path:
     from llmcompressor.recipe import Recipe
     from transformers import AutoTokenizer
 
-    from llmopt import calibration, data, registry
+    from llmopt import data, registry
+
+    from llmopt.data import calibration
     from llmopt.backends.compress._llmcompressor import resolve_pipeline
     from llmopt.recipe import load_recipe
 
@@ -174,8 +176,8 @@ def child_direct(spec_path: Path, out: Path) -> dict:
 
 def child_llmopt(recipe: Path, out: Path) -> dict:
     started = time.monotonic()
-    from llmopt import api, runner
-
+    from llmopt import api
+    from llmopt.run import runner
     imported = time.monotonic()
     plan = api.plan(recipe, cache_dir=out / "cache", output_dir=out / "artifact")  # what api.run does, in two steps
     planned = time.monotonic()

@@ -14,7 +14,7 @@ process:
 
 Each run records wall seconds, peak GPU memory per device (``torch.cuda.max_memory_allocated``
 and, sampled every 50 ms, NVML's used memory, which adds the CUDA context), peak host memory
-(VmHWM: resident anonymous and mapped-file pages) and what ``llmopt.placement`` predicted for
+(VmHWM: resident anonymous and mapped-file pages) and what ``llmopt.model.placement`` predicted for
 that placement. JSON lines on stdout and in ``--out``. Usage (on a CUDA machine with the
 ``compress`` extra)::
 
@@ -93,8 +93,9 @@ def direct(folder: Path, loaded, out: Path, placement: str) -> dict:
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llmopt import calibration, registry
+    from llmopt import registry
 
+    from llmopt.data import calibration
     stage = registry.get("compress", loaded.recipe.compress[0].method)
     options = loaded.options_for("compress", 0)
     tokenizer = AutoTokenizer.from_pretrained(folder)

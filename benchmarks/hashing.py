@@ -1,7 +1,7 @@
 """How llmopt checksums large weight files: BLAKE3 over memory-mapped windows of several sizes.
 
 Each (window size, repeat) runs in a fresh process that hashes every file once with
-``llmopt.cache.blake3_file`` (``MAP_WINDOW`` set to the size), so each gets its own peak
+``llmopt.store.cache.blake3_file`` (``MAP_WINDOW`` set to the size), so each gets its own peak
 resident set: the JSON line has the seconds, the process's VmHWM growth while hashing
 (mapped file pages count while mapped) and the digest, which must be the same for every
 size. ``--populate`` adds the same loop with ``MAP_POPULATE`` (each window faulted in by one
@@ -39,7 +39,7 @@ def blake3_populated(path: Path, window: int) -> str:
 
 
 def child(kind: str, window_mib: int, files: list[Path]) -> None:
-    from llmopt import cache
+    from llmopt.store import cache
     from llmopt.sysinfo import peak_rss_bytes
 
     cache.MAP_WINDOW = window_mib << 20

@@ -49,7 +49,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
 
-    from llmopt.modelinfo import gguf_path
+    from llmopt.model.modelinfo import gguf_path
     from llmopt.runtimes.onnx import OnnxRuntime
 
     models = [Path(m) for m in args.models]

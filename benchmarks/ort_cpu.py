@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     source, variants = build_models(work, args.threads)
     prompt, windows = token_ids(source)
     sys.path.insert(0, str(ROOT))
-    from llmopt.modelinfo import gguf_path
+    from llmopt.model.modelinfo import gguf_path
 
     gguf = gguf_path("builtin:smollm2-135m")
     job = {"prompt": prompt, "windows": windows[: args.windows], "threads": args.threads, "repeats": args.repeats,

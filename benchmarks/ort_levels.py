@@ -12,7 +12,7 @@ round keeps the median step of its run, the result is the median over rounds.
 
 ``compare`` puts two llmopt runs of one recipe at two accuracy levels side by side: for each eval in
 both reports, level 4's candidate against level 1's on the same windows or questions, with the gate's
-paired statistic and 95% interval (``llmopt.gate.compare``), level 1 in the baseline's place.
+paired statistic and 95% interval (``llmopt.scoring.gate.compare``), level 1 in the baseline's place.
 
     .venv/bin/python benchmarks/ort_levels.py score MODEL_DIR 12 out.jsonl fiction code
     .venv/bin/python benchmarks/ort_levels.py decode 5 out.json acc4=ort:DIR1 acc1=ort:DIR2 bf16=hf:DIR3:bfloat16
@@ -103,8 +103,7 @@ def decode(rounds: int, out: str, specs: list[str]) -> None:
 
 
 def compare(level1: str, level4: str, out: str) -> None:
-    from llmopt import gate
-
+    from llmopt.scoring import gate
     reports = [json.loads((Path(d) / "report.json").read_text()) for d in (level1, level4)]
     gates = [{g["name"]: g for g in r["gates"]} for r in reports]
     rows = {}

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     from llmopt.backends.export import onnx_last
-    from llmopt.modelinfo import gguf_path
+    from llmopt.model.modelinfo import gguf_path
 
     gguf = gguf_path("builtin:smollm2-135m")
     ids = prompt_ids(next(iter(onnx.values())), max(args.lengths))

@@ -16,7 +16,7 @@ from llmopt.errors import Problem, RecipeError, UsageError
 from llmopt.output import Output
 from llmopt.plan import Plan, build_plan, unchecked_without_facts
 from llmopt.recipe import LoadedRecipe, load_recipe
-from llmopt.runner import RunResult, run_plan
+from llmopt.run.runner import RunResult, run_plan
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 EXTRAS = {

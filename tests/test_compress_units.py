@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from llmopt import api, calibration
+from llmopt import api
+
+from llmopt.data import calibration
 from llmopt.backends.compress import _checks
 from llmopt.errors import StageFailed
 from llmopt.recipe.schema import CalibrationSection

@@ -11,7 +11,9 @@ import textwrap
 
 from pydantic import ValidationError
 
-from llmopt import docgen, formats, registry
+from llmopt import docgen, registry
+
+from llmopt.model import formats
 from llmopt.backends.base import CONTRACTS, CompressBackend, Options, PlanContext
 
 from conftest import ROOT
@@ -67,7 +69,7 @@ def test_consumers_declare_a_rule_for_every_format(kind, name, cls):
     rules = cls().accepts(default_options(cls))
     missing = [f.name for f in formats.ALL if f not in rules]
     assert not missing, f"{kind}:{name} declares nothing about {missing}"
-    assert set(rules) <= set(formats.ALL), f"{kind}:{name} names formats outside llmopt.formats"
+    assert set(rules) <= set(formats.ALL), f"{kind}:{name} names formats outside llmopt.model.formats"
 
 
 def test_every_serve_backend_and_the_onnx_export_are_consumers():
@@ -256,18 +258,18 @@ def test_require_pauses_the_collector_while_importing(tmp_path, monkeypatch):
 
 # The layers of the package, lowest first: a module may import its own layer and those below.
 LAYERS = [
-    ["llmopt", "llmopt.errors", "llmopt.sysinfo", "llmopt.libraries", "llmopt.formats", "llmopt.catalog",
-     "llmopt.modelinfo", "llmopt.output"],
-    ["llmopt.recipe", "llmopt.registry", "llmopt.cache", "llmopt.data", "llmopt.calibration", "llmopt.memory",
-     "llmopt.gate", "llmopt.verify"],
+    ["llmopt", "llmopt.errors", "llmopt.sysinfo", "llmopt.libraries", "llmopt.model.formats", "llmopt.catalog",
+     "llmopt.model.modelinfo", "llmopt.output"],
+    ["llmopt.recipe", "llmopt.registry", "llmopt.store.cache", "llmopt.data", "llmopt.data.calibration", "llmopt.model.memory",
+     "llmopt.scoring.gate", "llmopt.store.verify"],
     # the size model asks each backend for its layout, as the planner does; the compress placement uses the
     # size model, and the compress backends follow it
-    ["llmopt.runtimes", "llmopt.evalkit", "llmopt.deploy", "llmopt.validate_engine", "llmopt.backends",
-     "llmopt.estimates", "llmopt.placement"],
+    ["llmopt.runtimes", "llmopt.scoring.evalkit", "llmopt.deploy", "llmopt.deploy.validate_engine", "llmopt.backends",
+     "llmopt.model.estimates", "llmopt.model.placement"],
     # the bench stage of a run starts an artifact's server and measures it (llmopt bench is the same code);
     # it finds the model folder as llmopt serve does; the tune stage starts it once per trial
-    ["llmopt.stages", "llmopt.plan", "llmopt.bench", "llmopt.tune", "llmopt.server.model"],
-    ["llmopt.reports", "llmopt.artifact", "llmopt.runner", "llmopt.evaluate"],
+    ["llmopt.plan.stages", "llmopt.plan", "llmopt.bench", "llmopt.tune", "llmopt.server.model"],
+    ["llmopt.artifacts.reports", "llmopt.artifacts.artifact", "llmopt.run.runner", "llmopt.run.evaluate"],
     ["llmopt.api", "llmopt.server", "llmopt.sweep"],
     ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],
 ]

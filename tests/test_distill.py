@@ -17,8 +17,8 @@ from llmopt import api
 from llmopt.backends.base import PlanContext
 from llmopt.backends.compress import _distill
 from llmopt.backends.compress.distill import DistillOptions
-from llmopt.cache import Cache
-from llmopt.modelinfo import from_folder
+from llmopt.store.cache import Cache
+from llmopt.model.modelinfo import from_folder
 from llmopt.recipe.load import load_recipe
 
 from conftest import make_tiny_llama, wait_for, write_recipe

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt import memory
+from llmopt.model import memory
 from llmopt.catalog.gpus import get_gpu
 from llmopt.catalog.engines import engine_defaults
-from llmopt.estimates import float_weight_bytes
-from llmopt.modelinfo import from_config
+from llmopt.model.estimates import float_weight_bytes
+from llmopt.model.modelinfo import from_config
 from llmopt.recipe.schema import Workload
 
 from test_memory import DEMO, LLAMA_8B

@@ -1,7 +1,7 @@
 """The memory model's KV bytes per token equal vLLM 0.33.0's own for every config in tests/data/configs
 (issue 15), at a bf16 (``auto``) and an fp8 KV cache, on one GPU and per GPU at tensor parallel 8.
 
-What ran: ``llmopt.engine_kv`` runs a script in the vLLM environment (``make vllm-env``) that builds each
+What ran: ``llmopt.deploy.engine_kv`` runs a script in the vLLM environment (``make vllm-env``) that builds each
 model's vLLM class on the meta device from its config.json and asks every attention layer for its KV cache
 spec (``get_kv_cache_spec``: FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec); bytes per token are the
 sum of ``page_size_bytes / block_size`` over the layers. ``tests/data/engine_kv/vllm-0.33.0.json`` records
@@ -26,8 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import engine_kv, memory
-from llmopt.modelinfo import from_config
+from llmopt.deploy import engine_kv
+
+from llmopt.model import memory
+from llmopt.model.modelinfo import from_config
 
 DATA = Path(__file__).parent / "data"
 CONFIGS = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "configs").glob("*.json"))}

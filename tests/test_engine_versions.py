@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmopt import validate_engine
+from llmopt.deploy import validate_engine
 from llmopt.deploy import versions
 from llmopt.errors import RecipeError, StageFailed, UsageError
 

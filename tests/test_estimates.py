@@ -1,10 +1,12 @@
-"""The size model (llmopt.estimates): hand-computed layouts, and one figure for the plan, the card and the deploy configs."""
+"""The size model (llmopt.model.estimates): hand-computed layouts, and one figure for the plan, the card and the deploy configs."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmopt import api, estimates
+from llmopt import api
+
+from llmopt.model import estimates
 from llmopt.backends.export import onnx_size
 from llmopt.backends.export.onnx import OnnxExportOptions as Options
 from llmopt.deploy import inputs

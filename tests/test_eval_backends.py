@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import evaluate
+from llmopt.run import evaluate
 from llmopt.backends.eval.generation import GenerationOptions, cut, is_correct, normalise
 from llmopt.backends.eval.multiple_choice import MultipleChoiceOptions, context_of, example_row
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from llmopt.cli.main import main
-from llmopt.reports import REPORT_JSON_SCHEMA
+from llmopt.artifacts.reports import REPORT_JSON_SCHEMA
 
 from conftest import write_recipe
 
@@ -122,7 +122,8 @@ def test_damaged_candidate_fails_with_exit_3(capsys, recipe, tiny_model, tmp_pat
 def report_with_files(folder: Path) -> Path:
     """A report folder as `llmopt run` leaves it, written without a model: one gate judged from hand-written
     per-example scores, and bench, tune and training sections whose files (plots among them) lie beside it."""
-    from llmopt import gate, reports
+    from llmopt.artifacts import reports
+    from llmopt.scoring import gate
     from llmopt.recipe.schema import EvalItem
 
     folder.mkdir(parents=True)

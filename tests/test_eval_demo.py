@@ -10,7 +10,9 @@ from typing import Iterator
 
 import pytest
 
-from llmopt import artifact, evaluate
+from llmopt.artifacts import artifact
+
+from llmopt.run import evaluate
 from llmopt.cli.main import main
 from conftest import demo_stage_cache, write_recipe
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import evaluate
+from llmopt.run import evaluate
 from llmopt.errors import StageFailed
 from llmopt.runtimes.endpoint import EndpointRuntime, base_url
 from llmopt.runtimes.hf import TransformersRuntime

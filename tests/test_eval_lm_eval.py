@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import evaluate
-
+from llmopt.run import evaluate
 from conftest import DATA, write_recipe
 
 pytest.importorskip("lm_eval")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmopt import gate
+from llmopt.scoring import gate
 from llmopt.recipe.schema import EvalItem
 
 SIMULATIONS = 400

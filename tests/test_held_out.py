@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmopt import api
 from llmopt.cli.main import main
-from llmopt.reports import across_domains, markdown
+from llmopt.artifacts.reports import across_domains, markdown
 
 from conftest import write_recipe
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt import memory
+from llmopt.model import memory
 from llmopt.catalog.gpus import get_gpu
 from llmopt.errors import UsageError
-from llmopt import estimates
+from llmopt.model import estimates
 from llmopt.backends.compress import _llmcompressor as lc
-from llmopt.estimates import float_weight_bytes as weight_bytes
-from llmopt.modelinfo import from_config
+from llmopt.model.estimates import float_weight_bytes as weight_bytes
+from llmopt.model.modelinfo import from_config
 from llmopt.recipe.schema import Workload
 
 LLAMA_8B = {

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import memory
+from llmopt.model import memory
 from llmopt.catalog.gpus import get_gpu
 from llmopt.errors import UsageError
-from llmopt.estimates import float_weight_bytes
-from llmopt.modelinfo import from_config
+from llmopt.model.estimates import float_weight_bytes
+from llmopt.model.modelinfo import from_config
 from llmopt.recipe.schema import Workload
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
@@ -143,7 +143,7 @@ def test_an_sglang_plan_of_gemma_3_charges_every_layer_at_every_token():
 def test_gpt_oss_mxfp4_checkpoint_is_sized_in_mxfp4_where_its_config_says():
     """gpt-oss stores its experts in MXFP4 (4-bit e2m1 codes and an 8-bit e8m0 scale per 32 values: 4.25
     bits a weight) and leaves attention, router, embedding and head in bf16 (modules_to_not_convert)."""
-    from llmopt.estimates import checkpoint_kinds, checkpoint_weights, float_layout, size
+    from llmopt.model.estimates import checkpoint_kinds, checkpoint_weights, float_layout, size
 
     oss = info("gpt-oss-20b")
     qconfig = oss.quantization

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from test_deploy_configs import DEMO, plan_errors, planned, render
 
-from llmopt import memory
+from llmopt.model import memory
 from llmopt.catalog.gpus import get_gpu
 from llmopt.errors import UsageError
-from llmopt.estimates import float_weight_bytes
-from llmopt.modelinfo import from_config
+from llmopt.model.estimates import float_weight_bytes
+from llmopt.model.modelinfo import from_config
 from llmopt.recipe.schema import Workload
 
 DATA = Path(__file__).parent / "data"
@@ -68,7 +68,7 @@ def test_tensor_parallel_over_one_node_is_refused_with_the_fix():
 
 
 def test_deepseek_v3_fp8_checkpoint_is_counted_in_fp8():
-    from llmopt.estimates import checkpoint_weights
+    from llmopt.model.estimates import checkpoint_weights
     stored = checkpoint_weights(DEEPSEEK_V3["quantization_config"], "bfloat16")
     assert stored.bits == 8 and stored.nbytes(7168, 2048) == 7168 * 2048 + 56 * 16 * 4  # codes + a scale per block
 
@@ -179,7 +179,7 @@ def test_a_recipe_tensor_parallel_over_one_node_is_refused(tmp_path, engine):
 def test_trtllm_runs_one_mpi_world_of_tp8_pp2_over_the_nodes(tmp_path):
     """TensorRT-LLM: config.yaml plans TP 8 x PP 2 and passes the TorchLlmArgs field table; every launch file
     starts one MPI world of 16 ranks under the leader's mpirun, through trtllm-llmapi-launch."""
-    from llmopt import validate_engine
+    from llmopt.deploy import validate_engine
     from llmopt.deploy import flags
 
     result, folder = deploy(tmp_path, "trtllm", LLAMA_405B)
@@ -244,8 +244,7 @@ def test_every_launch_script_is_valid_bash(tmp_path, engine):
 def test_vllms_own_parser_builds_the_engine_config_of_the_two_node_replica(tmp_path, model, vllm_python):
     """vLLM 0.33's EngineArgs + create_engine_config (on the CPU, nothing loaded) over the config.yaml written
     for two nodes: Ray as the executor, TP 8 within a node, PP 2 across."""
-    from llmopt import validate_engine
-
+    from llmopt.deploy import validate_engine
     _, folder = deploy(tmp_path, "vllm", MODELS[model])
     result = validate_engine.validate_vllm(folder / "config.yaml", tmp_path / "model", vllm_python)
     assert result["ok"], result["errors"]

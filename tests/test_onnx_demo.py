@@ -72,7 +72,7 @@ def test_onnx_tokenizer_encodes_exactly_as_hugging_face(tmp_path, demo_cache):
     assert json.loads((model / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
     assert json.loads((model / "genai_config.json").read_text())["model"]["eos_token_id"] in (2, [2])
     # llmopt serve tokenizes a text prompt as the source's own HF tokenizer (AutoTokenizer of the GGUF) does
-    from llmopt.modelinfo import gguf_path
+    from llmopt.model.modelinfo import gguf_path
     from llmopt.server import load_model
 
     gguf = gguf_path("builtin:smollm2-135m")

@@ -246,8 +246,7 @@ def test_size_estimate_is_what_the_export_writes(fixture, request):
 def test_size_estimate_of_the_compressed_tensors_checkpoint(w4a16_run):
     """The RTN step's safetensors file: packed int32 codes, bf16 scales and shapes to the byte, header entries
     at their mean length."""
-    from llmopt import estimates
-
+    from llmopt.model import estimates
     plan = w4a16_run.plan
     layout = dict(estimates.stage_layouts(plan.recipe, plan.model))["compress.0.rtn"]
     folder = plan.cache.path(plan.stage("compress.0.rtn").key) / "model"

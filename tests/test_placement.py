@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import api, placement, registry
+from llmopt import api, registry
+
+from llmopt.model import placement
 from llmopt.catalog.gpus import find_gpu
-from llmopt.modelinfo import from_config
+from llmopt.model.modelinfo import from_config
 
 from conftest import write_recipe
 

@@ -8,10 +8,10 @@ import pytest
 
 from llmopt import api
 from llmopt.catalog.gpus import CATALOG, find_gpu, get_gpu
-from llmopt import memory
+from llmopt.model import memory
 from llmopt.errors import RecipeError, UsageError
-from llmopt.estimates import float_weight_bytes
-from llmopt.modelinfo import from_config
+from llmopt.model.estimates import float_weight_bytes
+from llmopt.model.modelinfo import from_config
 from llmopt.recipe.schema import Workload
 
 from conftest import tiny_recipe, write_recipe

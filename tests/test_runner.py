@@ -102,8 +102,8 @@ def test_stage_error_exits_1_and_commits_nothing(tiny_model, tmp_path, isolated_
 
 def test_artifact_links_cached_weights_and_an_edit_through_the_link_reruns_the_stage(tiny_model, tmp_path, isolated_cache,
                                                                                      monkeypatch):
-    from llmopt import cache
-    from llmopt.verify import verify_artifact
+    from llmopt.store import cache
+    from llmopt.store.verify import verify_artifact
 
     monkeypatch.setattr(cache, "LINK_MIN", 1)  # the tiny model's weights are far below 64 MiB
     prune = '[[compress]]\nmethod = "prune_depth"\nlayers = 1\nprotect_first = 0\n'
@@ -135,7 +135,7 @@ def test_artifact_links_cached_weights_and_an_edit_through_the_link_reruns_the_s
 def test_sha256_checksums_when_the_recipe_asks(tiny_model, tmp_path):
     import hashlib
 
-    from llmopt.verify import verify_artifact
+    from llmopt.store.verify import verify_artifact
 
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, '[output]\nchecksum = "sha256"\n'))
     out = tmp_path / "art"
@@ -155,7 +155,9 @@ def test_deferred_work_runs_on_the_stage_folder_in_the_cache_and_seals_it(tmp_pa
     import logging
     from types import SimpleNamespace
 
-    from llmopt import cache, runner
+    from llmopt.run import runner
+
+    from llmopt.store import cache
     from llmopt.output import Output
 
     class Writer:
@@ -191,7 +193,9 @@ def test_native_output_of_a_stage_goes_to_the_run_log(tmp_path, capfd):
     import logging
     from types import SimpleNamespace
 
-    from llmopt import cache, runner
+    from llmopt.run import runner
+
+    from llmopt.store import cache
     from llmopt.output import Output
 
     class Native:
@@ -229,8 +233,7 @@ def test_native_output_of_a_stage_goes_to_the_run_log(tmp_path, capfd):
 def test_stale_temporary_folders_are_cleaned_only_for_this_host(tmp_path, monkeypatch):
     """A cache shared by hosts (a sweep's Ray workers on a shared filesystem): a folder another host is
     writing must survive this host's clean-up, although its pid means nothing here."""
-    from llmopt import cache as cache_mod
-
+    from llmopt.store import cache as cache_mod
     cache = cache_mod.Cache(tmp_path / "cache")
     mine = cache.begin("a" * 16)
     assert mine.name == f"{'a' * 16}.{cache_mod.host_tag()}.{os.getpid()}"

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llmopt import api, validate_engine
+from llmopt import api
+
+from llmopt.deploy import validate_engine
 from llmopt.deploy import flags
 from llmopt.errors import UsageError
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from llmopt import evaluate
+from llmopt.run import evaluate
 from llmopt.runtimes.endpoint import EndpointRuntime, probe
 from llmopt.server import load_model
 

@@ -18,7 +18,7 @@ def test_demo_tokenizer_and_config_take_the_headers_special_tokens(tmp_path):
     from transformers.generation import GenerationConfig
 
     from llmopt.backends.source.gguf import gguf_tokenizer, set_special_ids, special_ids
-    from llmopt.modelinfo import gguf_path
+    from llmopt.model.modelinfo import gguf_path
 
     path = gguf_path("builtin:smollm2-135m")
     assert special_ids(path) == {"bos": 1, "eos": 2, "unk": 0, "pad": 2}

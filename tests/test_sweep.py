@@ -237,7 +237,7 @@ def test_a_benchmarked_sweep_reports_speed_and_picks_the_fastest(four_layers, tm
 
 def test_a_sweep_shares_stages_reports_and_builds_the_chosen_variant(four_layers, tmp_path, capsys, monkeypatch):
     from llmopt.cli.main import main
-    from llmopt.verify import verify_artifact
+    from llmopt.store.verify import verify_artifact
 
     recipe = sweep_recipe(tmp_path, four_layers, '"compress[0].layers" = [1, 2, 5]\n')
     folder = tmp_path / "sw"

@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import llmopt
-from llmopt import reports
+from llmopt.artifacts import reports
 from llmopt.libraries import versions
-from llmopt.cache import checksums, place_tree, swap_into_place, write_json
+from llmopt.store.cache import checksums, place_tree, swap_into_place, write_json
 from llmopt.plan import Plan
 
 

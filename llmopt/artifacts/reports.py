@@ -15,7 +15,7 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from llmopt.cache import write_json
+from llmopt.store.cache import write_json
 from llmopt.output import human_size
 
 REPORT_SCHEMA = 1

@@ -92,7 +92,7 @@ class SourceBackend(Backend):
 
     @abstractmethod
     def layout(self, options, ctx: PlanContext):
-        """The source's weight layout (``llmopt.estimates.Layout``) for the size model."""
+        """The source's weight layout (``llmopt.model.estimates.Layout``) for the size model."""
 
     @abstractmethod
     def run(self, options, ctx: StageContext) -> dict:
@@ -114,7 +114,7 @@ class CompressBackend(Backend):
 
     @abstractmethod
     def produces(self, options) -> Any:
-        """The checkpoint format it writes (``llmopt.formats.Format``)."""
+        """The checkpoint format it writes (``llmopt.model.formats.Format``)."""
 
     @abstractmethod
     def run(self, options, ctx: StageContext) -> dict:
@@ -136,7 +136,7 @@ class ExportBackend(Backend):
 
     @abstractmethod
     def produces(self, options) -> Any:
-        """The format it writes (``llmopt.formats.Format``)."""
+        """The format it writes (``llmopt.model.formats.Format``)."""
 
     @abstractmethod
     def run(self, options, ctx: StageContext) -> dict:

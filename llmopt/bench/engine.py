@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmopt.cache import host_tag, process_exists
+from llmopt.store.cache import host_tag, process_exists
 from llmopt.errors import EXIT_MISSING_EXTRA, LlmoptError, StageFailed
 
 STOP_GRACE_S = 20.0

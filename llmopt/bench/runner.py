@@ -42,7 +42,7 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     """Benchmark ``target`` (an OpenAI-compatible server's URL, or an artifact or model folder whose server is
     started and always stopped); writes bench.json, bench.md, requests.jsonl and plots to ``out_dir`` and
     returns bench.json's content."""
-    from llmopt.cache import default_root
+    from llmopt.store.cache import default_root
     from llmopt.libraries import require
 
     workload, slo = _model(Workload, workload, "workload"), _model(SLO, slo, "slo")

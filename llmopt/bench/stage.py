@@ -104,7 +104,7 @@ def lay_out(target: Path, ctx: StageContext, engine: str) -> None:
     """``target`` as an artifact: ``model/`` (a link to the final model), ``deploy/<engine>/`` (a copy of the
     deploy stage's files, where launch.sh looks for them) and a manifest.json naming the recipe and the
     model's format (what ``llmopt serve`` reads)."""
-    from llmopt.cache import write_json
+    from llmopt.store.cache import write_json
 
     target.mkdir(parents=True)
     (target / "model").symlink_to(Path(ctx.model_dir).resolve(), target_is_directory=True)

@@ -1,7 +1,7 @@
 """What each pinned serving engine does on its own: the scheduler limits and memory share it picks
 when a launch config leaves them out, read from the source of the version llmopt pins.
 
-The memory model (``llmopt.memory``) starts from these numbers: a launch config is never below
+The memory model (``llmopt.model.memory``) starts from these numbers: a launch config is never below
 the engine's default unless the KV cache cannot hold that many sequences or the recipe's
 ``[serve].slo`` asks for a smaller step, and the config's comment then says which. ``ENGINE_DEFAULTS``
 holds the constants, each with the place it comes from; ``engine_defaults`` applies the rules the

@@ -41,7 +41,7 @@ def eval_(
         llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --format json
     """
     from llmopt.errors import GateFailed
-    from llmopt.evaluate import evaluate
+    from llmopt.run.evaluate import evaluate
 
     out = sink(format)
     try:
@@ -57,7 +57,7 @@ def eval_(
 def show(console, evals: dict, gates: list[dict], folder) -> None:
     from rich.table import Table
 
-    from llmopt.reports import fmt
+    from llmopt.artifacts.reports import fmt
 
     if gates:
         print_gates(console, gates)
@@ -76,7 +76,7 @@ def print_gates(console, gates: list[dict]) -> None:
     from rich import box
     from rich.table import Table
 
-    from llmopt.reports import HEADER, across_domains, gate_rows
+    from llmopt.artifacts.reports import HEADER, across_domains, gate_rows
 
     table = Table(title="accuracy gates", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in HEADER:

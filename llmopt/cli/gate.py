@@ -37,8 +37,8 @@ def gate(
         llmopt gate reports/report.json -s mc.interval=bootstrap -o rejudged/ --format json
     """
     from llmopt.cli.eval import show
-    from llmopt.evaluate import rejudge
-    from llmopt.stages import failure
+    from llmopt.run.evaluate import rejudge
+    from llmopt.plan.stages import failure
 
     out = sink(format)
     result = rejudge(report, set_ or [], output)

@@ -75,7 +75,7 @@ def _show(console, the_plan) -> None:
 
 
 def _show_placement(console, placed: dict) -> None:
-    """One line per placement the plan weighed, the chosen one marked (``llmopt.placement``)."""
+    """One line per placement the plan weighed, the chosen one marked (``llmopt.model.placement``)."""
     machine = f"{placed['count']} x {placed['gpu']}"
     console.print(f"compress placement on {machine}: {placed['chosen'] or 'none fits'}")
     for name, fp in placed["placements"].items():

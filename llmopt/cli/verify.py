@@ -27,7 +27,7 @@ def verify(
 
         llmopt verify artifacts/quickstart --format json
     """
-    from llmopt.verify import failure, verify_artifact
+    from llmopt.store.verify import failure, verify_artifact
 
     out = sink(format)
     report = verify_artifact(artifact)

@@ -92,7 +92,7 @@ def _from_file(path: str, mtime: float):
 
 def model_tokenizer(source: str, base: Path | None = None, revision: str | None = None):
     """A ``tokenizers.Tokenizer`` for a recipe's ``model.source``, or None when none is on this machine."""
-    from llmopt.modelinfo import gguf_path, is_gguf
+    from llmopt.model.modelinfo import gguf_path, is_gguf
 
     try:
         if is_gguf(source):

@@ -5,6 +5,6 @@
 * ``inputs``: model facts, weight bytes and the memory model's plan for an engine;
 * ``files``: docker-compose.yaml, kubernetes.yaml and launch.sh for an engine's launch.
 
-The numbers come from ``llmopt.memory``; the engine-specific flags and their versioned
+The numbers come from ``llmopt.model.memory``; the engine-specific flags and their versioned
 flag tables live in each backend's own file.
 """

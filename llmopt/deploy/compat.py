@@ -1,7 +1,7 @@
 """What a consumer accepts of a checkpoint format, and the verdict on one format x consumer x GPU.
 
 A consumer of checkpoints (every serve backend, and the onnx export) declares in its own
-file an ``accepts(options) -> {Format: Rule}``: per format of ``llmopt.formats``, whether it
+file an ``accepts(options) -> {Format: Rule}``: per format of ``llmopt.model.formats``, whether it
 takes the format ("yes"), refuses it ("no": an error) or does not document it
 ("undocumented": a warning), from which compute capability it runs the format natively
 (below: a slower fallback, a warning) and at all (below: an error), and whether it needs a
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmopt.errors import Problem
-from llmopt.formats import AS_INPUT, Format
+from llmopt.model.formats import AS_INPUT, Format
 
 STATUSES = ("yes", "no", "undocumented")
 

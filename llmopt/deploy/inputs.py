@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt import estimates, memory
+from llmopt.model import estimates, memory
 from llmopt.catalog import engines
 from llmopt.errors import Problem, UsageError
-from llmopt.modelinfo import ModelInfo, from_folder
+from llmopt.model.modelinfo import ModelInfo, from_folder
 
 GPU_ENGINES_NEED_GPU = "set [target] gpu = \"H100-SXM-80GB\" (or another entry of `llmopt ls gpus`)"
 

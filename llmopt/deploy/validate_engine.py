@@ -165,7 +165,7 @@ def vllm_table_check(config: dict, model_dir: Path, version: str = flags.VLLM_VE
     unknown = sorted(k for k in config if k not in names)
     model_config = Path(model_dir) / "config.json"
     if model_config.is_file():
-        from llmopt.modelinfo import from_folder
+        from llmopt.model.modelinfo import from_folder
 
         errors += shape_errors(from_folder(model_dir), config.get("tensor-parallel-size", 1),
                                config.get("max-model-len"), config.get("max-num-seqs"),

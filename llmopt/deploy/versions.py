@@ -6,7 +6,7 @@ vLLM counts as installed when a Python with vLLM is named (``engine_python``, ``
 ``vllm`` on PATH is a Python script; its version is read in that Python (``importlib.metadata``), never by
 importing vLLM into llmopt. Every flag the config writes is checked at plan time against llmopt's table of
 that version, and at the deploy stage by that version's own parser where it is installed
-(``llmopt.validate_engine``). A version that is neither in a table nor installed here is a plan error, as is
+(``llmopt.deploy.validate_engine``). A version that is neither in a table nor installed here is a plan error, as is
 a flag the version lacks. The container image's tag follows the version (``image_tag``).
 """
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llmopt.modelinfo import DTYPE_BYTES, ModelInfo
+from llmopt.model.modelinfo import DTYPE_BYTES, ModelInfo
 
 SAFETENSORS_TENSOR_BYTES = 104  # header entry per tensor (name, dtype, shape, offsets); measured on llm-compressor output
 TOKENIZER_BYTES_PER_TOKEN = 72  # tokenizer.json per vocabulary entry (vocab + merges): SmolLM2 3.52 MB / 49152,
@@ -238,7 +238,7 @@ def stage_layouts(loaded, info: ModelInfo) -> list[tuple[str, Layout]]:
     """(stage name, layout it writes) for every model-writing stage of the recipe, in order."""
     from llmopt import registry
     from llmopt.recipe.context import PlanContext
-    from llmopt.modelinfo import is_gguf
+    from llmopt.model.modelinfo import is_gguf
 
     recipe = loaded.recipe
 

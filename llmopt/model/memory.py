@@ -24,7 +24,7 @@ Per GPU, with tensor parallel size ``tp`` and pipeline parallel size ``pp``::
     per token are an average over the workload's sequence length (``kv_bytes_per_sequence``).
 
 The per-token figures equal vLLM 0.33.0's own (the sum of its layers' KV cache spec pages over their
-block sizes, ``llmopt.engine_kv``) and, for SGLang, SGLang 0.5.23's pool cell size (``sglang_cell_bytes``:
+block sizes, ``llmopt.deploy.engine_kv``) and, for SGLang, SGLang 0.5.23's pool cell size (``sglang_cell_bytes``:
 no sliding-window discount outside its hybrid architectures, a 0.8 second pool for theirs) for every config
 in tests/data/configs: ``tests/test_engine_kv.py``.
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from llmopt.catalog.gpus import GPU
 from llmopt.catalog import engines
 from llmopt.errors import UsageError
-from llmopt.modelinfo import DTYPE_BYTES, ModelInfo
+from llmopt.model.modelinfo import DTYPE_BYTES, ModelInfo
 
 GiB = 2**30
 MiB = 2**20

@@ -2,7 +2,7 @@
 
 The planner's checks and estimates use these: layer shapes for group-size checks,
 parameter counts and shapes for size estimates, attention shape for the KV-cache budget
-(``llmopt.estimates``, ``llmopt.memory``).
+(``llmopt.model.estimates``, ``llmopt.model.memory``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from llmopt.catalog.gpus import GPU
-from llmopt.modelinfo import DTYPE_BYTES, ModelInfo
+from llmopt.model.modelinfo import DTYPE_BYTES, ModelInfo
 
 PLACEMENTS = ("gpu", "onload", "multi_gpu")
 GIB = 2**30
@@ -159,7 +159,7 @@ def time_class(secs: float) -> str:
 
 def footprint(info: ModelInfo, work: Work, machine: Machine, placement: str) -> Footprint:
     """The predicted peaks of one placement on ``machine``, and what of it does not fit."""
-    from llmopt.estimates import float_weight_bytes
+    from llmopt.model.estimates import float_weight_bytes
 
     weights = float_weight_bytes(info, work.dtype)
     layer = layer_bytes(info, work.dtype)
@@ -242,8 +242,8 @@ def work_of(recipe, info: ModelInfo, steps: list, out: dict | None = None) -> Wo
     """The compress stages' work: each step's backend (``CompressBackend``: whether it calibrates, builds
     Hessians), the heaviest deciding; ``out``: the size model's estimate of the folder the last one writes
     (``estimates.size``)."""
-    from llmopt.hub import is_hub_id
-    from llmopt.estimates import float_weight_bytes, model_dtype
+    from llmopt.model.hub import is_hub_id
+    from llmopt.model.estimates import float_weight_bytes, model_dtype
 
     dtype = model_dtype(recipe, info)
     calibrates = any(step.calibrates for step in steps)
@@ -308,7 +308,7 @@ def for_stage(ctx, step) -> Footprint | None:
     for that machine. ``step``: the stage's backend (``CompressBackend``)."""
     import torch
 
-    from llmopt.modelinfo import from_folder
+    from llmopt.model.modelinfo import from_folder
 
     if not str(ctx.device).startswith("cuda"):
         return None

@@ -11,18 +11,18 @@ import llmopt
 from llmopt import data as datasets
 from llmopt import registry
 from llmopt.backends.base import PlanContext
-from llmopt.cache import Cache, stage_key
+from llmopt.store.cache import Cache, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
 from llmopt.libraries import versions
-from llmopt.modelinfo import ModelInfo, is_gguf
+from llmopt.model.modelinfo import ModelInfo, is_gguf
 from llmopt.plan.estimates import compress_placement, plan_estimates
 from llmopt.plan.facts import folder_facts, model_facts
 from llmopt.plan.rules import cross_stage_rules, held_out_problems
 from llmopt.plan.types import Pinned, Plan, Stage
 from llmopt.recipe.load import LoadedRecipe
 from llmopt.runtimes.endpoint import served_identity
-from llmopt.stages import gate_options
+from llmopt.plan.stages import gate_options
 
 
 def resolve_cache(cache_dir: str | Path | None, loaded: LoadedRecipe) -> Cache:
@@ -263,7 +263,7 @@ def pinned_stage(path: Path, cache: Cache, name: str = "candidate") -> Stage | N
     """The final model stage of the artifact at ``path`` (the artifact folder or its ``model/``) as a cache
     entry, when the cache holds it whole and the artifact's model files still match its manifest; None
     otherwise (the folder is then read in place). Its evals then have the keys of the run that made it."""
-    from llmopt.verify import verify_artifact
+    from llmopt.store.verify import verify_artifact
 
     path = path.expanduser().resolve()
     if path.name == "model" and not (path / "manifest.json").is_file():

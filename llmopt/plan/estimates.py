@@ -1,23 +1,22 @@
-"""The plan's estimates: the size model's bytes before and after (``llmopt.estimates``), the compress
-stage's placement (``llmopt.placement``) and the KV cache of the serving memory model."""
+"""The plan's estimates: the size model's bytes before and after (``llmopt.model.estimates``), the compress
+stage's placement (``llmopt.model.placement``) and the KV cache of the serving memory model."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from llmopt import estimates
+from llmopt.model import estimates
 from llmopt.errors import Problem
-from llmopt.modelinfo import ModelInfo
+from llmopt.model.modelinfo import ModelInfo
 from llmopt.plan.types import Plan, Stage
 from llmopt.recipe.load import LoadedRecipe
 
 
 def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelInfo | None, final: ModelInfo | None,
                        problems: list[Problem]) -> dict | None:
-    """How the compress stage holds the model on the compute machine (``llmopt.placement``); its refusal
+    """How the compress stage holds the model on the compute machine (``llmopt.model.placement``); its refusal
     when nothing fits, and the MoE calibration warning, join ``problems``."""
-    from llmopt import placement
-
+    from llmopt.model import placement
     steps = [s.impl for s in stages if s.kind == "compress"]
     if source is None or not steps:
         return None

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt.errors import Problem, UsageError
-from llmopt.hub import hub_config, hub_offline, is_hub_id, local_folder
-from llmopt.modelinfo import ModelInfo, from_folder, from_gguf, gguf_path, is_gguf
+from llmopt.model.hub import hub_config, hub_offline, is_hub_id, local_folder
+from llmopt.model.modelinfo import ModelInfo, from_folder, from_gguf, gguf_path, is_gguf
 from llmopt.recipe.load import LoadedRecipe
 
 

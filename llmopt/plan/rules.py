@@ -8,7 +8,7 @@ from llmopt import data as datasets
 from llmopt import registry
 from llmopt.catalog.gpus import GPU
 from llmopt.errors import Problem
-from llmopt.modelinfo import ModelInfo
+from llmopt.model.modelinfo import ModelInfo
 from llmopt.plan.types import Stage
 from llmopt.recipe.load import LoadedRecipe
 

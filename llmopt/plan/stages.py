@@ -4,7 +4,7 @@ Both are registered as kind "stage" (as the bench and tune stages are, in their 
 in the plan like every other stage, with a cache key, a folder and a manifest:
 
 * ``gate`` reads the per-example scores of each eval's baseline and candidate stages and
-  judges the recipe's thresholds on the pairs (``llmopt.gate``). Its key hashes the
+  judges the recipe's thresholds on the pairs (``llmopt.scoring.gate``). Its key hashes the
   thresholds and the eval stages' keys, so a changed threshold re-judges without scoring
   again. The verdicts are its outputs; a failed gate is not a failed stage: the run goes on
   to write the artifact and then exits 3.
@@ -18,7 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmopt import gate, registry
+from llmopt import registry
+
+from llmopt.scoring import gate
 from llmopt.backends.base import StageContext, StageKind
 from llmopt.errors import GateFailed
 from llmopt.registry import register

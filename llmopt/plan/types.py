@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from llmopt import registry
-from llmopt.cache import Cache
+from llmopt.store.cache import Cache
 from llmopt.catalog.gpus import GPU
 from llmopt.errors import Problem
-from llmopt.modelinfo import ModelInfo
+from llmopt.model.modelinfo import ModelInfo
 from llmopt.recipe.load import LoadedRecipe
 
 

@@ -1,6 +1,6 @@
 """The plan-time context a backend's ``check`` gets: the recipe, where in it the step is, and the
 model's config facts as the steps before leave them; never weights. The size model
-(``llmopt.estimates``) hands the same context to each step's ``layout``."""
+(``llmopt.model.estimates``) hands the same context to each step's ``layout``."""
 
 from __future__ import annotations
 

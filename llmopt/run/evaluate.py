@@ -23,14 +23,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from llmopt import gate, reports
+from llmopt.artifacts import reports
+
+from llmopt.scoring import gate
 from llmopt.errors import UsageError
 from llmopt.output import Output
 from llmopt.plan import build_plan, is_url
 from llmopt.recipe import load_recipe
 from llmopt.recipe.schema import EvalItem
-from llmopt.runner import RunResult, run_plan
-from llmopt.stages import GATE_FIELDS
+from llmopt.run.runner import RunResult, run_plan
+from llmopt.plan.stages import GATE_FIELDS
 
 GATE_KEYS = tuple(k for k in GATE_FIELDS if k not in ("name", "kind")) + ("interval",)
 

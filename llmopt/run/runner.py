@@ -24,13 +24,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from llmopt import artifact
+from llmopt.artifacts import artifact
 from llmopt.backends.base import StageContext
 from llmopt.libraries import collector_paused, extra_providing, package_version, pick_device
 from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
-from llmopt.stages import failure
+from llmopt.plan.stages import failure
 from llmopt.sysinfo import peak_rss_bytes
 
 QUIET_LIBRARIES = {

@@ -63,7 +63,7 @@ def identity(model_dir: Path, runtime: Any, device: str) -> dict:
     ``llmopt``, and llmopt's endpoint evals key their cache on it instead of the URL."""
     import hashlib
 
-    from llmopt.cache import checksums
+    from llmopt.store.cache import checksums
     from llmopt.libraries import versions
 
     files = checksums(model_dir)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt.cache import CHECKSUMS, checksums
+from llmopt.store.cache import CHECKSUMS, checksums
 from llmopt.errors import EXIT_STAGE_FAILED, LlmoptError, UsageError
 
 

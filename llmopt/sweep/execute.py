@@ -62,7 +62,7 @@ def run_variant(spec: dict, plan=None) -> dict:
     """Run one variant (``plan``, or planned again from ``spec``); its result as plain data."""
     from llmopt.plan import build_plan
     from llmopt.recipe.load import parse_recipe
-    from llmopt.runner import run_plan
+    from llmopt.run.runner import run_plan
 
     t0 = time.monotonic()
     planned = 0.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt.reports import fmt
+from llmopt.artifacts.reports import fmt
 from llmopt.sweep.variants import SweepPlan, Variant, toml_literal
 
 SCHEMA_VERSION = 1
@@ -295,7 +295,7 @@ def markdown(report: dict) -> str:
 
 def write(folder: Path, report: dict) -> None:
     """report.json and report.md in the sweep's folder (each written whole, then renamed)."""
-    from llmopt.cache import write_json
+    from llmopt.store.cache import write_json
 
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "report.json", report)

@@ -160,7 +160,7 @@ def sharing(rows: list[dict], ledger: _Ledger) -> dict:
 
 def place_chosen(artifact: Path, dest: Path) -> None:
     """The chosen variant's artifact at ``dest``: weights hard-linked, other files copied, renamed into place."""
-    from llmopt.cache import place_tree, swap_into_place
+    from llmopt.store.cache import place_tree, swap_into_place
 
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

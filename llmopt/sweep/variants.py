@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmopt.cache import Cache
+from llmopt.store.cache import Cache
 from llmopt.errors import LlmoptError, Problem, RecipeError, UsageError
 from llmopt.plan import Plan, build_plan, resolve_cache
 from llmopt.recipe.load import LoadedRecipe, parse_recipe

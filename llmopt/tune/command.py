@@ -19,7 +19,7 @@ from llmopt.errors import UsageError
 def tune_artifact(folder: str | Path, overrides: dict | None = None, out_dir: str | Path | None = None,
                   cache_dir: str | Path | None = None, say=None) -> dict:
     from llmopt.bench.engine import stop_leftovers
-    from llmopt.cache import default_root
+    from llmopt.store.cache import default_root
     from llmopt.tune.stage import TuneStageOptions, store_for, tune
 
     folder = Path(folder).expanduser().resolve()

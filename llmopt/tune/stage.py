@@ -77,7 +77,7 @@ def plan_problems(loaded) -> list[Problem]:
 def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict) -> Path:
     """A folder laid out as an artifact for one trial: ``model/`` (a link), ``deploy/<engine>/`` with ``values``
     written in, and ``manifest.json``."""
-    from llmopt.cache import write_json
+    from llmopt.store.cache import write_json
     from llmopt.tune import spaces
 
     if root.exists():

@@ -4,14 +4,14 @@
 * group size: a group (or block) size must divide the input width of every
   layer it quantizes, else the suggestion names a size that does, or the layers
   to leave out;
-* calibration memory: the estimate of ``llmopt.estimates.calibration_bytes``
-  against this machine's available RAM, when no GPU is named (with one, ``llmopt.placement``
+* calibration memory: the estimate of ``llmopt.model.estimates.calibration_bytes``
+  against this machine's available RAM, when no GPU is named (with one, ``llmopt.model.placement``
   plans where the model is held);
 * GPU capability: FP8 / NVFP4 compute needs a recent GPU (said here only when the
   recipe has no [serve] section; the serve backends own the engine x GPU table);
 * calibration data: the spec in [calibration] must name readable data, and a warning when
   it fills fewer rows than ``samples`` asks for (counted with the model's tokenizer where it
-  is on this machine, ``llmopt.calibration.plan_yield``).
+  is on this machine, ``llmopt.data.calibration.plan_yield``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 import re
 
-from llmopt import calibration, estimates
+from llmopt.data import calibration
+
+from llmopt.model import estimates
 from llmopt.errors import Problem
 from llmopt.sysinfo import available_ram
 
@@ -106,7 +108,7 @@ def _ignore_list(ignore: list[str], bad: dict[str, int]) -> str:
 def calibration_memory(ctx) -> list[Problem]:
     """Warn when the calibration estimate exceeds this machine's RAM, for a compress stage on the CPU. With a
     GPU on the compute machine ([compute] gpu, else [target] gpu) the plan's placement judges the GPU and
-    host memory instead (``llmopt.placement``)."""
+    host memory instead (``llmopt.model.placement``)."""
     info = ctx.model
     recipe = ctx.recipe.recipe
     if info is None or recipe.compute.gpu or recipe.target.gpu:

@@ -19,12 +19,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt import calibration, estimates, registry
+from llmopt import registry
+
+from llmopt.data import calibration
+
+from llmopt.model import estimates
 from llmopt.backends.compress import _prune
 from llmopt.backends.compress._common import cpu_threads
 from llmopt.errors import Problem, StageFailed
 from llmopt.libraries import require
-from llmopt.placement import machine_of
+from llmopt.model.placement import machine_of
 from llmopt.sysinfo import available_ram
 
 CHECKPOINTS = "checkpoints"  # under the stage key's working folder

@@ -19,7 +19,9 @@ from typing import Callable, Literal
 
 from pydantic import Field
 
-from llmopt import calibration, estimates
+from llmopt.data import calibration
+
+from llmopt.model import estimates
 from llmopt.libraries import require
 from llmopt.backends.compress._checks import ignored
 from llmopt.backends.compress._common import TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes
@@ -92,7 +94,7 @@ def load_tokenizer(ctx):
 
 def load_model(ctx, device: str, placement: str = "gpu"):
     """A fresh copy of the upstream model in the recipe's dtype, held as the plan placed it
-    (``llmopt.placement``): gpu moves it whole to the GPU, onload leaves it in host memory for the library
+    (``llmopt.model.placement``): gpu moves it whole to the GPU, onload leaves it in host memory for the library
     to onload layer by layer, multi_gpu spreads it over the GPUs with a device map."""
     transformers = require("transformers", "torch", ctx.name)
     kwargs = {"device_map": "auto"} if placement == "multi_gpu" else {}
@@ -108,8 +110,8 @@ def load_model(ctx, device: str, placement: str = "gpu"):
 def stage_placement(ctx, pipeline: str) -> str:
     """gpu | onload | multi_gpu | cpu: the plan's placement on this machine; ``pipeline = "sequential"``
     keeps the weights in host memory as before (onload) unless [compute] placement names another."""
-    from llmopt import placement, registry
-
+    from llmopt import registry
+    from llmopt.model import placement
     if pipeline == "sequential" and ctx.recipe.recipe.compute.placement == "auto":
         return "onload" if ctx.device.startswith("cuda") else "cpu"
     chosen = placement.for_stage(ctx, registry.get("compress", ctx.name.split(".")[-1]))

@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from llmopt import calibration
+from llmopt.data import calibration
 from llmopt.libraries import require
 from llmopt.backends.compress._common import TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
@@ -89,12 +89,12 @@ def build_config(mtq, name: str, adjust: Callable[[dict], None] | None, kv_cache
 
 
 def load(ctx):
-    """Tokenizer and the upstream model in bfloat16, held as the plan placed it (``llmopt.placement``):
+    """Tokenizer and the upstream model in bfloat16, held as the plan placed it (``llmopt.model.placement``):
     whole on the GPU; onload: accelerate's device map with the weights in host memory and each module
     onloaded for its forward pass (ModelOpt's hf_ptq way for models larger than the GPU); multi_gpu: a
     device map over the GPUs."""
-    from llmopt import placement, registry
-
+    from llmopt import registry
+    from llmopt.model import placement
     torch = require("torch", "torch", ctx.name)
     transformers = require("transformers", "torch", ctx.name)
     if ctx.model_format != "hf":
@@ -174,8 +174,7 @@ QUANT_CONFIG_BYTES = 1000
 def layout(before, weights, ctx, kv_cache: str = "none"):
     """The unified Hugging Face checkpoint: the decoder linears as ``weights``, the LM head (excluded from
     quantization), embedding and norms in bfloat16, FP32 K/V scales per layer with an FP8 KV cache."""
-    from llmopt import estimates
-
+    from llmopt.model import estimates
     plain = estimates.float_stored("bfloat16")
     head = None if ctx.model.tie_embeddings else plain
     files = {name: n for name, n in before.files.items() if name in TOKENIZER_FILES + ("config.json",)}
@@ -190,7 +189,6 @@ def layout(before, weights, ctx, kv_cache: str = "none"):
 def stored(bits: int, group: int | None, scale_bytes: float, per_tensor: int, per_column: float, tensors: int,
            what: str):
     """One quantized linear of the unified checkpoint (codes of ``bits`` two to a byte for 4 bits)."""
-    from llmopt import estimates
-
+    from llmopt.model import estimates
     return estimates.Stored(bits, group, scale_bytes, tensor_bytes=per_tensor, column_bytes=per_column,
                             tensors=tensors, what=what)

@@ -13,7 +13,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from llmopt import calibration
+from llmopt.data import calibration
 from llmopt.libraries import require
 from llmopt.backends.compress import _checks
 from llmopt.backends.compress._common import copy_tokenizer_files

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt import formats
+from llmopt.model import formats
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _modelopt
 from llmopt.errors import Problem

@@ -19,7 +19,7 @@ import math
 
 from pydantic import Field
 
-from llmopt import formats
+from llmopt.model import formats
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _prune

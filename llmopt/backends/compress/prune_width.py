@@ -17,7 +17,7 @@ import dataclasses
 
 from pydantic import Field
 
-from llmopt import formats
+from llmopt.model import formats
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _checks, _prune

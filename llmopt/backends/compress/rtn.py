@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from llmopt import formats
-from llmopt import estimates
+from llmopt.model import formats
+from llmopt.model import estimates
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.backends.compress import _checks, _llmcompressor as lc
 from llmopt.errors import Problem

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmopt import data as datasets
-from llmopt import evalkit
+from llmopt.scoring import evalkit
 from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.errors import Problem
 from llmopt.registry import register

@@ -27,7 +27,7 @@ from pathlib import Path
 from pydantic import Field
 
 from llmopt import data as datasets
-from llmopt import evalkit
+from llmopt.scoring import evalkit
 from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.libraries import package_version, require
 from llmopt.errors import Problem, StageFailed

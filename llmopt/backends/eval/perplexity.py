@@ -18,7 +18,7 @@ import math
 from pydantic import Field
 
 from llmopt import data as datasets
-from llmopt import evalkit
+from llmopt.scoring import evalkit
 from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register

@@ -72,7 +72,7 @@ def problem(path: Path) -> str | None:
     """Why the 4-bit blocks of this GGUF file cannot be carried into ONNX, or None when they can."""
     import gguf
 
-    from llmopt.modelinfo import read_gguf_header
+    from llmopt.model.modelinfo import read_gguf_header
 
     meta, types = read_gguf_header(path, types=True)
     arch = meta.get("general.architecture", "?")
@@ -92,7 +92,7 @@ def carried_blocks(path: Path) -> dict:
     """What carrying this file's blocks writes, from its header: per Hugging Face linear kind the share
     of layers stored as Q4_1 (each adds a residual table), and the LM head's precision (int8 unless the
     head, or the tied embedding it computes with, is a float tensor)."""
-    from llmopt.modelinfo import read_gguf_header
+    from llmopt.model.modelinfo import read_gguf_header
 
     _, types = read_gguf_header(path, types=True)
     counts: dict[str, list[int]] = {}

@@ -6,9 +6,9 @@ Needs: nothing.
 
 from __future__ import annotations
 
-from llmopt import formats
+from llmopt.model import formats
 from llmopt.backends.base import ExportBackend, Options, PlanContext, StageContext
-from llmopt.cache import copy_tree
+from llmopt.store.cache import copy_tree
 from llmopt.errors import Problem
 from llmopt.registry import register
 

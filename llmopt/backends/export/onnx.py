@@ -24,11 +24,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmopt import formats
+from llmopt.model import formats
 from llmopt.backends.base import ExportBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.export import gguf_layout, gptq_layout, onnx_embedding, onnx_last, onnx_size, onnx_verify
-from llmopt.modelinfo import gguf_path, is_gguf
+from llmopt.model.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
@@ -282,7 +282,7 @@ def gguf_carry(options: OnnxExportOptions, recipe) -> tuple[Path | None, str | N
 def prepare_gguf(path: Path, reader, work: Path, ctx: StageContext):
     """The AutoGPTQ folder of the GGUF's own blocks (``reader``: the file, opened once), its summary
     and the Q4_1 residual tables."""
-    from llmopt.cache import sha256_file
+    from llmopt.store.cache import sha256_file
 
     expected = ctx.input_manifests["model"]["outputs"].get("gguf_sha256")
     if expected and sha256_file(path) != expected:

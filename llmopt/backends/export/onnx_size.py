@@ -1,4 +1,4 @@
-"""What the ONNX export writes, tensor by tensor, for the size model (``llmopt.estimates``).
+"""What the ONNX export writes, tensor by tensor, for the size model (``llmopt.model.estimates``).
 
 Measured on the model builder of onnxruntime-genai 0.18 (the tiny llama of the tests and
 SmolLM2-135M):
@@ -22,8 +22,7 @@ SmolLM2-135M):
 
 from __future__ import annotations
 
-from llmopt import estimates
-
+from llmopt.model import estimates
 QUANTIZED = ("int4", "int8")
 IO_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 RESIDUAL_GRAPH_BYTES_PER_LAYER = 4_250  # the Q4_1 residual nodes of one layer (SmolLM2: a 391 KB graph, not 263 KB)

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmopt import formats
+from llmopt.model import formats
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog.engines import queue_for
 from llmopt.libraries import package_version

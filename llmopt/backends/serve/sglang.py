@@ -1,6 +1,6 @@
 """SGLang launch configs: ``python -m sglang.launch_server`` with ``ServerArgs`` options.
 
-The memory model (``llmopt.memory``) picks ``--tp-size``, ``--max-running-requests``,
+The memory model (``llmopt.model.memory``) picks ``--tp-size``, ``--max-running-requests``,
 ``--chunked-prefill-size`` and ``--mem-fraction-static`` (weights plus KV pool as a share
 of the GPU; the rest is left for activations and CUDA graphs) for the recipe's target GPU,
 ``--context-length`` and workload; ``extra_args`` are laid over them (``llmopt.deploy.extras``).
@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt import formats, memory, validate_engine
+from llmopt.deploy import validate_engine
+
+from llmopt.model import formats, memory
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.deploy import extras, files, flags, inputs, nodes, versions
 from llmopt.deploy.compat import YES, Rule

@@ -1,7 +1,7 @@
 """TensorRT-LLM launch configs: ``trtllm-serve <model> --backend pytorch --config config.yaml``.
 
 The PyTorch backend serves Hugging Face checkpoints (plain or ModelOpt-quantized) without
-an engine build. The memory model (``llmopt.memory``) picks the parallel sizes,
+an engine build. The memory model (``llmopt.model.memory``) picks the parallel sizes,
 ``max_batch_size``, ``max_num_tokens`` and the KV cache's share of the memory left after
 the weights and activations (``kv_cache_config.free_gpu_memory_fraction``); ``extra`` is merged
 into it deep (``llmopt.deploy.extras``). The YAML keys are ``TorchLlmArgs`` fields, checked
@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt import formats, memory, validate_engine
+from llmopt.deploy import validate_engine
+
+from llmopt.model import formats, memory
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog import engines
 from llmopt.deploy import extras, files, flags, inputs, nodes, versions

@@ -1,6 +1,6 @@
 """vLLM launch configs: ``vllm serve <model> --config config.yaml`` for the artifact.
 
-The memory model (``llmopt.memory``) picks the parallel sizes, ``max_num_seqs``,
+The memory model (``llmopt.model.memory``) picks the parallel sizes, ``max_num_seqs``,
 ``max_num_batched_tokens`` and ``gpu_memory_utilization`` for the recipe's target GPU,
 ``max_model_len`` and workload; the quantization is read from the checkpoint's config.json.
 The config is written for one vLLM release (``llmopt.deploy.versions``): ``engine_version``, else
@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llmopt import formats
-from llmopt import memory, validate_engine
+from llmopt.model import formats
+from llmopt.deploy import validate_engine
+from llmopt.model import memory
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.deploy import extras, files, flags, inputs, nodes, versions
 from llmopt.deploy.compat import YES, Rule

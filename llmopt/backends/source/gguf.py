@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt import estimates
+from llmopt.model import estimates
 from llmopt.backends.base import PlanContext, SourceBackend, StageContext
 from llmopt.libraries import require
 from llmopt.backends.source.hf import fingerprint
-from llmopt.cache import sha256_file
+from llmopt.store.cache import sha256_file
 from llmopt.errors import Problem, StageFailed, UsageError
-from llmopt.modelinfo import gguf_path
+from llmopt.model.modelinfo import gguf_path
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
 
@@ -86,7 +86,7 @@ GGUF_SPECIAL = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos
 
 def special_ids(path: Path) -> dict[str, int]:
     """{"bos": id, "eos": id, ...}: the special tokens the GGUF header names."""
-    from llmopt.modelinfo import read_gguf_header
+    from llmopt.model.modelinfo import read_gguf_header
 
     header, _ = read_gguf_header(path)
     return {name: int(header[key]) for name, key in GGUF_SPECIAL.items() if isinstance(header.get(key), int)}

@@ -6,7 +6,7 @@ A local folder is read in place (not copied); a hub id is downloaded with
 recipe allows pickle). The stage records the model's fingerprint: the BLAKE3 of
 its config and of every weight file, hashed in the background while the next
 stages run (``StageContext.defer``). At plan time a hub id's config.json comes from
-one quick request (``llmopt.hub.hub_config``), or from the local hub cache when offline.
+one quick request (``llmopt.model.hub.hub_config``), or from the local hub cache when offline.
 Needs: huggingface_hub for hub ids only.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt import estimates
+from llmopt.model import estimates
 from llmopt.backends.base import PlanContext, SourceBackend, StageContext
 from llmopt.libraries import require
-from llmopt.cache import blake3_file
+from llmopt.store.cache import blake3_file
 from llmopt.errors import Problem, StageFailed
-from llmopt.hub import is_hub_id, local_folder
+from llmopt.model.hub import is_hub_id, local_folder
 from llmopt.recipe.schema import ModelSection
 from llmopt.registry import register
 
