@@ -196,3 +196,21 @@ def test_a_vllm_on_path_that_cannot_build_its_parser_here_leaves_the_check_to_th
     # a Python named for the check must be able to check: there the failure stops the stage
     with pytest.raises(StageFailed, match="Failed to infer device type"):
         render(tmp_path / "named", "vllm", f'engine_python = "{tmp_path / "env" / "python"}"')
+
+
+def test_the_deploy_stage_key_follows_the_installed_release(tmp_path, monkeypatch):
+    """A deploy stage cached before vLLM was installed (or before it changed) is not reused: the release the
+    config is written for, and whether its parser checked it, are in the stage's key."""
+    def deploy_key(folder: Path) -> str:
+        plan, _ = planned(folder, "vllm")
+        assert not plan.errors, [p.message for p in plan.errors]
+        return plan.stage("deploy.vllm").key
+
+    none = deploy_key(tmp_path / "none")
+    monkeypatch.setenv(validate_engine.ENV_VAR, str(fake_vllm_python(tmp_path / "v033", "0.33.0")))
+    installed = deploy_key(tmp_path / "none")
+    monkeypatch.setenv(validate_engine.ENV_VAR, str(fake_vllm_python(tmp_path / "v026", "0.26.0")))
+    older = deploy_key(tmp_path / "none")
+    assert len({none, installed, older}) == 3
+    monkeypatch.delenv(validate_engine.ENV_VAR)
+    assert deploy_key(tmp_path / "none") == none

@@ -175,6 +175,11 @@ class ServeBackend(Backend):
     def accepts(self, options) -> dict:
         """What the engine serves of each format on which GPUs (``{Format: llmopt.deploy.compat.Rule}``)."""
 
+    def key_material(self, options) -> dict:
+        """What the launch configs depend on beyond the options and the model (the engine release installed
+        here, say): it joins the deploy stage's cache key. Nothing unless overridden."""
+        return {}
+
 
 class StageKind(Backend):
     """A stage the plan adds after the recipe's steps (the gate, the deploy configs, bench, tune), registered

@@ -205,12 +205,17 @@ class _Builder:
         if serve is None:
             return None
         options = self.loaded.options_for("serve", None)
-        self.problems += registry.get("serve", serve.backend)().check(options, self.ctx(("serve",)))
+        backend = registry.get("serve", serve.backend)()
+        self.problems += backend.check(options, self.ctx(("serve",)))
         recipe = self.loaded.recipe
         facts = {"name": recipe.name, "model": recipe.model.model_dump(mode="json"),
                  "serve": serve.model_dump(mode="json"), "target": recipe.target.model_dump(mode="json")}
+        material = {"recipe": facts}
+        engine = backend.key_material(options)  # the engine release found here, for one
+        if engine:
+            material["engine"] = engine
         return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options,
-                              {"model": model_stage.name}, {"recipe": facts}))
+                              {"model": model_stage.name}, material))
 
     def bench(self, deploy: Stage | None, model_stage: Stage) -> None:
         """With [bench] enabled: the artifact's server started from the deploy stage's launch config and

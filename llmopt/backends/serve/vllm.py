@@ -288,6 +288,12 @@ class VllmServe(ServeBackend):
         """What vLLM serves of each checkpoint format, on which GPUs (``ACCEPTS``)."""
         return ACCEPTS
 
+    def key_material(self, options: VllmOptions) -> dict:
+        """The release the config is written for, and whether its own parser checks it: a deploy stage cached
+        before vLLM was installed here, or changed, is not reused."""
+        choice, _ = engine_choice(options)
+        return {"engine_version": choice.version, "parser": choice.installed is not None}
+
     def check(self, options: VllmOptions, ctx: PlanContext) -> list[Problem]:
         extra = canonical(options.extra_args)
         choice, bad = engine_choice(options)
