@@ -696,13 +696,28 @@ def test_default_queue_holds_a_load_generators_sweep_or_the_recipes_workload(tmp
         assert default_queue(artifact) == queue
 
 
-def test_the_tokenizer_opens_before_the_first_request(chat_model):
-    """The server opens the model's tokenizer at start-up: a GuideLLM sweep's first request against the
-    quickstart waited 8.7 s for its first token while the tokenizer loaded, the next ones 0.4 s."""
+def test_the_tokenizer_opens_at_start_up_without_holding_back_readiness(chat_model, monkeypatch):
+    """The server starts opening the model's tokenizer at start-up (a GuideLLM sweep's first request against
+    the quickstart waited 8.7 s for its first token while it loaded, the next ones 0.4 s), in the background:
+    the server is ready, and token-id requests answer, while it loads; a text request waits for it."""
+    from llmopt.server import model as served_module
+
+    release, started = threading.Event(), threading.Event()
+    opened = served_module.hf_tokenizer
+
+    def slow_tokenizer(runtime, model_dir):
+        started.set()
+        assert release.wait(30)
+        return opened(runtime, model_dir)
+
+    monkeypatch.setattr(served_module, "hf_tokenizer", slow_tokenizer)
     served = load_model(chat_model, max_model_len=MAX_LEN, name="tiny")
     served.runtime = SlowRuntime(served.runtime, 0)
     served.runtime.tokenizer = None  # as the ONNX Runtime runtime has none: AutoTokenizer opens the folder's
-    assert served.tokenizer is None
     with running(served) as base:
-        assert served.tokenizer is not None  # opened before any request
+        assert started.wait(30)  # the load began at start-up, before any request
+        assert post(base, "/v1/completions", {"prompt": [3, 4], "max_tokens": 1}).status_code == 200
+        assert served.tokenizer is None  # answered while the tokenizer was still loading
+        release.set()
         assert post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 1}).status_code == 200
+        assert served.tokenizer is not None

@@ -59,7 +59,7 @@ def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int 
     @asynccontextmanager
     async def lifespan(app):
         scheduler.start()
-        await asyncio.wrap_future(scheduler.call(served.warm))  # before the first request, on the worker
+        served.warm()  # the tokenizer opens in the background: readiness and token-id requests do not wait
         yield
         await asyncio.to_thread(scheduler.close)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +36,43 @@ class ServedModel:
     identity: dict | None = None  # what answers: the model files' digest, the runtime and its libraries
     device: str = "cpu"
     tokenizer: Any = None  # the model folder's Hugging Face tokenizer; opened when first needed
+    _loading: Future | None = field(default=None, repr=False)  # its load, started by ``warm``
+    _lock: Any = field(default_factory=threading.Lock, repr=False)
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """Token ids of a text prompt as the model's Hugging Face tokenizer gives them: its special tokens
         (a BOS...) only where it adds them itself, as vLLM tokenizes a completion prompt; ``special=False``:
         none, for a rendered chat template, which writes its own."""
-        if self.tokenizer is None:
-            self.tokenizer = hf_tokenizer(self.runtime, self.model_dir)
-        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+        return list(self.text_tokenizer()(text, add_special_tokens=special)["input_ids"])
+
+    def text_tokenizer(self):
+        """The tokenizer, waiting for the load ``warm`` started; a load that failed is tried again here, so
+        the request that needs it reports why."""
+        with self._lock:
+            if self.tokenizer is None and self._loading is not None:
+                loading, self._loading = self._loading, None
+                with contextlib.suppress(Exception):
+                    self.tokenizer = loading.result()
+            if self.tokenizer is None:
+                self.tokenizer = hf_tokenizer(self.runtime, self.model_dir)
+            return self.tokenizer
 
     def warm(self) -> None:
-        """Open the tokenizer before the first request, which would otherwise wait for it: the first
-        request of a GuideLLM sweep against the quickstart on two cores waited 8.7 s for its first token,
-        the next ones 0.4 s. A tokenizer that does not open is left to the text requests that need it,
-        which report why."""
-        if self.tokenizer is None:
-            with contextlib.suppress(Exception):
-                self.tokenizer = hf_tokenizer(self.runtime, self.model_dir)
+        """Start opening the tokenizer in the background at start-up: the first text request would otherwise
+        wait for it (a GuideLLM sweep's first request against the quickstart on two cores waited 8.7 s for its
+        first token, the next ones 0.4 s), while requests of token ids, and the server's readiness, never
+        wait for it (AutoTokenizer takes 6 to 9 s to open the quickstart's on two cores)."""
+        if self.tokenizer is None and self._loading is None:
+            future: Future = Future()
+
+            def load() -> None:
+                try:
+                    future.set_result(hf_tokenizer(self.runtime, self.model_dir))
+                except Exception as exc:
+                    future.set_exception(exc)
+
+            self._loading = future
+            threading.Thread(target=load, name="llmopt-tokenizer", daemon=True).start()
 
 
 RUNTIME_LIBRARIES = ("onnxruntime-genai", "onnxruntime", "torch", "transformers")
