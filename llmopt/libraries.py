@@ -84,15 +84,24 @@ def collector_paused():
         gc.enable()
 
 
+# Builds of a library published under another name that install the same module (``import onnxruntime``):
+# where llmopt needs the library, either build will do. The GPU build is looked for first: installed beside
+# the CPU one, it is the one a GPU machine's environment puts ahead on the path.
+BUILDS = {"onnxruntime": ("onnxruntime-gpu", "onnxruntime"),
+          "onnxruntime-genai": ("onnxruntime-genai-cuda", "onnxruntime-genai")}
+
+
 @functools.lru_cache(maxsize=None)
 def package_version(dist: str) -> str | None:
-    """The installed version of ``dist``, or None. Read once per process: finding a distribution's metadata
-    scans every folder of sys.path (tens of ms each time), and what is installed does not change while
-    llmopt runs."""
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+    """The installed version of ``dist`` (or of another build of it, ``BUILDS``), or None. Read once per
+    process: finding a distribution's metadata scans every folder of sys.path (tens of ms each time), and
+    what is installed does not change while llmopt runs."""
+    for name in BUILDS.get(dist, (dist,)):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -256,6 +256,22 @@ def test_ort_serves_a_cpu_graph_on_the_cpu_even_with_a_gpu_target(tmp_path):
     assert deploy["provider"] == "cpu"
     session = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
     assert session["provider_options"] == []
+    assert "--device" not in (folder / "launch.sh").read_text()
+
+
+def test_a_cuda_graph_is_served_on_the_gpu_by_its_launch_script_and_by_default(tmp_path):
+    """llmopt serve opened every ONNX model on the CPU EP unless told otherwise (``--device cpu`` cleared the
+    graph's providers), so the launch script of a graph built for the CUDA EP served it on the CPU."""
+    from llmopt.server.model import serving_device
+
+    model = onnx_model(tmp_path, [{"cuda": {}}])
+    _, folder = render_ort(tmp_path, model)
+    assert (folder / "launch.sh").read_text().splitlines()[-1].count("--device cuda") == 1
+    assert serving_device("auto", model, "onnx") == "cuda"
+    assert serving_device("cpu", model, "onnx") == "cpu"  # asked for: the CPU EP
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    assert serving_device("auto", onnx_model(cpu, []), "onnx") == "cpu"
 
 
 def test_ort_refuses_a_provider_the_graph_was_not_built_for(tmp_path):

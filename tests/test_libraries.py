@@ -79,3 +79,30 @@ def test_the_cli_reports_a_missing_dependency_with_exit_4(on_path, capsys, monke
     assert main(["ls", "gpus"]) == 4
     err = capsys.readouterr().err
     assert f"the module '{ABSENT}', which is not installed" in err and "Traceback" not in err
+
+
+def test_the_gpu_build_of_onnxruntime_stands_for_the_library(monkeypatch):
+    """With onnxruntime-gpu (the ort-cuda extra) in place of onnxruntime, the onnx export's stage was refused
+    before it ran: onnxruntime "not installed", exit 4. Both builds install ``import onnxruntime``."""
+    from importlib.metadata import PackageNotFoundError
+
+    from llmopt import libraries
+
+    installed = {"onnxruntime-gpu": "1.31.1", "onnxruntime-genai-cuda": "0.18.0", "onnx": "1.21.0"}
+
+    def version(dist):
+        if dist not in installed:
+            raise PackageNotFoundError(dist)
+        return installed[dist]
+
+    monkeypatch.setattr(libraries, "version", version)
+    libraries.package_version.cache_clear()
+    try:
+        assert libraries.package_version("onnxruntime") == "1.31.1"
+        assert libraries.package_version("onnxruntime-genai") == "0.18.0"
+        assert libraries.package_version("onnx") == "1.21.0" and libraries.package_version("torch") is None
+        installed["onnxruntime"] = "1.30.0"  # the CPU build beside it: the GPU build is the one reported
+        libraries.package_version.cache_clear()
+        assert libraries.package_version("onnxruntime") == "1.31.1"
+    finally:
+        libraries.package_version.cache_clear()

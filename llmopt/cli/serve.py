@@ -27,7 +27,8 @@ def serve(
                                           "the model's intra_op_num_threads at most its cores.")] = 1,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + completion in tokens (default: the model's context).")] = None,
     model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
-    device: Annotated[str, typer.Option(help="cpu, or cuda / cuda:N for the transformers runtime.")] = "cpu",
+    device: Annotated[str, typer.Option(help="auto: an ONNX model on the EP its graph was built for (cpu or cuda), "
+                                        "a Hugging Face one on the GPU when torch sees one; or cpu, cuda, cuda:N.")] = "auto",
     format: FormatOpt = "human",
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).

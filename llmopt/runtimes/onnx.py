@@ -15,7 +15,10 @@ Needs: onnxruntime-genai (the ``ort`` extra), numpy.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +31,34 @@ from llmopt.errors import StageFailed
 from llmopt.sysinfo import peak_rss_bytes
 
 INDEX = "graphs.json"  # the graphs of an exported folder by use, which the onnx export writes (onnx_last)
+GPU_PROVIDERS = ("cuda", "NvTensorRtRtx")  # execution providers of an NVIDIA GPU
+log = logging.getLogger("llmopt")
+
+
+def built_for(genai_config: dict) -> str:
+    """The execution provider the graph was built for: the first of its session's provider_options
+    (onnxruntime-genai's model builder writes the EP it built for there; none: the CPU)."""
+    providers = genai_config.get("model", {}).get("decoder", {}).get("session_options", {}).get("provider_options")
+    return next(iter(providers[0]), "cpu") if providers and isinstance(providers[0], dict) else "cpu"
+
+
+def load_cuda_libraries() -> None:
+    """Before a session on the CUDA EP: ``onnxruntime.preload_dlls`` (onnxruntime-gpu) loads CUDA and cuDNN
+    from the nvidia-* wheels beside onnxruntime (the ``ort-cuda`` extra installs them there), else by the
+    loader's search path, so that the CUDA provider library finds them by name. A process that imported a
+    torch built for the same CUDA major has them already. What it prints goes to the log."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is None:  # a CPU build, or older than 1.21
+        return
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        preload()
+    if said.getvalue().strip():
+        log.warning("onnxruntime.preload_dlls: %s", " ".join(said.getvalue().split()))
 
 
 def graphs(model_dir: Path) -> dict:
@@ -54,6 +85,8 @@ class OnnxRuntime:
                               fix="export the model with [export] format = \"onnx\"")
         self.config = json.loads((self.model_dir / "genai_config.json").read_text())["model"]
         self.device = device
+        if device.startswith("cuda"):
+            load_cuda_libraries()
         self.graphs = graphs(self.model_dir)
         self.model = self._load(self.graphs.get("last_logits"))
         self._scoring = None if self.graphs else self.model

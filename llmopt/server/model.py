@@ -184,7 +184,23 @@ def hf_tokenizer(runtime: Any, model_dir: Path):
     return transformers.AutoTokenizer.from_pretrained(model_dir)
 
 
-def load_model(path: Path, runtime: str = "auto", device: str = "cpu", max_model_len: int | None = None,
+def serving_device(requested: str, model_dir: Path, fmt: str, runtime: str = "auto") -> str:
+    """The device ``--device auto`` means: for an ONNX Runtime GenAI model the one its graph was built for
+    (``cuda`` for a GPU EP, else ``cpu``), for the transformers runtime the GPU when torch sees one."""
+    if requested != "auto":
+        return requested
+    from llmopt.runtimes import FORMAT_RUNTIME
+    from llmopt.runtimes.onnx import GPU_PROVIDERS, built_for
+    from llmopt.libraries import pick_device
+
+    name = FORMAT_RUNTIME.get(fmt, "transformers") if runtime == "auto" else runtime
+    if name == "onnxruntime":
+        config = Path(model_dir) / "genai_config.json"
+        return "cuda" if config.is_file() and built_for(json.loads(config.read_text())) in GPU_PROVIDERS else "cpu"
+    return pick_device()
+
+
+def load_model(path: Path, runtime: str = "auto", device: str = "auto", max_model_len: int | None = None,
                name: str | None = None) -> ServedModel:
     """Open the model at ``path`` (artifact or model folder) for serving."""
     from llmopt.runtimes import open_runtime
@@ -192,6 +208,7 @@ def load_model(path: Path, runtime: str = "auto", device: str = "cpu", max_model
     model_dir, fmt, default_name = locate(path)
     context, vocab = model_limits(model_dir)
     limit = max_len(context, max_model_len, model_dir)
+    device = serving_device(device, model_dir, fmt, runtime)
     opened = open_runtime(model_dir, fmt, runtime, device)
     return ServedModel(name or default_name, model_dir, fmt, opened, limit, vocab, identity(model_dir, opened, device),
                        device)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llmopt.runtimes.onnx import load_cuda_libraries
+
 EP_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "dml": "DmlExecutionProvider",
             "webgpu": "WebGpuExecutionProvider", "NvTensorRtRtx": "NvTensorRTRTXExecutionProvider"}
 # operators whose fallback to another EP is a real loss, not a shape computation
@@ -34,6 +36,8 @@ def profile(model_dir: Path, ep: str, quantized: bool, intra_op_threads: int | N
     import onnxruntime as ort
 
     wanted = EP_NAMES[ep]
+    if ep == "cuda":
+        load_cuda_libraries()
     report = {"execution_provider": wanted, "prompt_tokens": PROMPT_TOKENS, "decode_steps": DECODE_STEPS,
               "onnxruntime": ort.__version__, "problems": []}
     if wanted not in ort.get_available_providers():

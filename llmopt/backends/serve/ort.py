@@ -31,12 +31,12 @@ from llmopt.deploy import files
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
+from llmopt.runtimes.onnx import GPU_PROVIDERS, built_for
 
 # What ONNX Runtime GenAI runs, by the checkpoint its model was built from (DESIGN.md, "What serves what";
 # onnxruntime-genai's model builder 0.18): AutoAWQ / AutoGPTQ int4 folders (compressed-tensors W4A16 repacked
 # into that layout), compressed-tensors FP8 / NVFP4 on the CUDA execution provider only, ORT INT8, and the
 # ONNX models it builds. The onnx export declares what its builder takes, option by option.
-GPU_PROVIDERS = ("cuda", "NvTensorRtRtx")  # execution providers of an NVIDIA GPU
 CUDA_FP8 = Rule("yes", "FP8 ONNX models run only on the CUDA execution provider", needs_gpu=True)
 CUDA_NVFP4 = Rule("yes", "NVFP4 ONNX models run only on the CUDA execution provider", needs_gpu=True)
 ACCEPTS: dict[formats.Format, Rule] = {
@@ -75,13 +75,6 @@ class OrtOptions(files.DeploymentOptions):
     image: str | None = Field(
         None, description="A container image with `llmopt[ort,serve]` installed; when set, docker-compose.yaml and "
         "kubernetes.yaml are written too.")
-
-
-def built_for(genai_config: dict) -> str:
-    """The execution provider the graph was built for: the first of its session's provider_options
-    (onnxruntime-genai's model builder writes the EP it built for there; none: the CPU)."""
-    providers = genai_config.get("model", {}).get("decoder", {}).get("session_options", {}).get("provider_options")
-    return next(iter(providers[0]), "cpu") if providers and isinstance(providers[0], dict) else "cpu"
 
 
 def overlay(options: OrtOptions, max_length: int) -> dict:
@@ -197,7 +190,7 @@ class OrtServe(ServeBackend):
         (folder / "genai_config.json").write_text(json.dumps(merged, indent=2) + "\n")
         serve_args = ["--host", "0.0.0.0", "--port", str(options.port), "--max-model-len", str(max_length),
                       "--model-name", recipe.name, "--max-queue", str(queue(options, recipe.serve.workload.concurrency)),
-                      "--parallel", str(options.parallel)]
+                      "--parallel", str(options.parallel)] + (["--device", "cuda"] if provider in GPU_PROVIDERS else [])
         weights = sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.name.endswith((".onnx", ".onnx.data")))
         gpus = 1 if provider in GPU_PROVIDERS else 0
         launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port, gpus,
