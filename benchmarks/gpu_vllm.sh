@@ -24,7 +24,7 @@
 #                         bash benchmarks/gpu_vllm.sh wait 540
 #   no carry, as often as needed: bash benchmarks/gpu_vllm.sh wait 580
 # `start` joins the parts, installs vLLM into /tmp/vsite (its own `vllm` on /tmp/bin), llmopt's wheels (and
-# onnxruntime-gpu) into /tmp/site, then runs the variants in a process of its own session, so the work goes
+# onnxruntime-gpu, and llmopt serve's fastapi and uvicorn from vd/) into /tmp/site, then runs the variants in a process of its own session, so the work goes
 # on between calls; `wait S` waits up to S seconds for it to finish and packs what is done into $OUT
 # (vllm-h200.tgz, log.txt). `python3 benchmarks/gpu_vllm.py summarize DIR` turns an unpacked vllm-h200.tgz
 # into one JSON. Each `wait` call must follow the last one within 30 s: a machine given back in between
@@ -133,6 +133,9 @@ case $cmd in
     say "install llmopt's wheels"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $K/site/*.whl \
       || { say "site install failed"; touch "$W/done"; exit 1; }
+    # llmopt serve (the variant ortcuda): its serve extra from the vLLM dependencies that travel in vd/
+    ls $K/vd/fastapi-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /tmp/site $K/vd/{fastapi,starlette,uvicorn,annotated_doc,sniffio}-*.whl
     if [ -e $K/ort.tar.xz ]; then  # onnxruntime-gpu ahead of the image's CPU build; CUDA from torch's nvidia wheels
       python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
         < $K/ort.tar.xz | tar -x -C /tmp/site || { say "onnxruntime-gpu install failed"; touch "$W/done"; exit 1; }
