@@ -49,9 +49,9 @@ def bench(
 
     Examples:
 
-        llmopt bench http://127.0.0.1:8000 --input-len 256 --output-len 32 -c 1,4 -n 8
+        llmopt bench http://127.0.0.1:8000 --input-len 128 --output-len 16 -c 1,4 -n 8
 
-        llmopt bench artifacts/quickstart --sweep --max-concurrency 2 --output-len 32 -n 8 --slo ttft_p99_ms=2000
+        llmopt bench artifacts/quickstart --sweep --max-concurrency 2 --input-len 128 --output-len 16 -n 8 --slo ttft_p99_ms=2000
 
         llmopt bench http://127.0.0.1:8000/v1 --rate 1,2 -n 8 --input-len 128 --output-len 16 --format json
     """
