@@ -231,6 +231,6 @@ def tune(artifact: str | Path, overrides: dict | None = None, out_dir: str | Pat
     ``overrides``: the tune stage's option fields (max_trials, max_minutes, repeats, requests, warmup, slo,
     workload, space) laid over what the artifact's recipe records. Writes tuning.json, the winner's
     ``deploy/`` and tuning.png to ``out_dir``; returns tuning.json's content."""
-    from llmopt.tune.command import tune_artifact
+    from llmopt.run.tune import tune_artifact
 
-    return tune_artifact(artifact, overrides, out_dir, cache_dir, say=out.info if out else None)
+    return tune_artifact(artifact, overrides, out_dir, cache_dir, out)

@@ -269,7 +269,9 @@ LAYERS = [
     # the bench stage of a run starts an artifact's server and measures it (llmopt bench is the same code);
     # it finds the model folder as llmopt serve does; the tune stage starts it once per trial
     ["llmopt.plan.stages", "llmopt.plan", "llmopt.bench", "llmopt.tune", "llmopt.server.model"],
-    ["llmopt.artifacts.reports", "llmopt.artifacts.artifact", "llmopt.run.runner", "llmopt.run.evaluate"],
+    # llmopt eval and llmopt tune ARTIFACT plan their scope and hand it to the runner
+    ["llmopt.artifacts.reports", "llmopt.artifacts.artifact", "llmopt.run.runner", "llmopt.run.evaluate",
+     "llmopt.run.tune"],
     ["llmopt.api", "llmopt.server", "llmopt.sweep"],
     ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],
 ]

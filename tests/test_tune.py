@@ -219,7 +219,16 @@ def test_tune_stage_finds_the_setting_the_simulator_makes_best(tmp_path, tiny_mo
     again = load_json(res.stdout)
     assert again["default"]["max-num-seqs"] == best["max-num-seqs"] and again["simulated"] is True
     assert len([t for t in again["trials"] if t["round"] == "search"]) == 2 and (out / "tuning.json").is_file()
+    assert (out / "deploy" / "config.yaml").is_file() and (out / "run.log").is_file()
     assert nothing_left(children, isolated_cache)
+    # it is a plan the one runner runs: the same options again are the tune stage's cache entry, no trial started
+    res = run_cli("tune", str(art), "--max-trials", "2", "--repeats", "0", "-o", str(tmp_path / "again"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert load_json(res.stdout)["trials"] == again["trials"] and "tune (cached" in res.stderr
+    assert "model (in place" in res.stderr and "deploy (in place" in res.stderr
+    # an option the recipe's schema refuses is a recipe error naming the key it overrides
+    res = run_cli("tune", str(art), "--slo", "ttft_p99_ms=-5", "-o", str(tmp_path / "bad"))
+    assert res.returncode == 2 and "serve.slo.ttft_p99_ms" in res.stderr and not (tmp_path / "bad").exists()
 
 
 def test_engine_not_installed_keeps_the_prediction(tmp_path, tiny_model, isolated_cache):

@@ -17,6 +17,7 @@ one filesystem (``cache.place_tree``), copies otherwise. Checksums are BLAKE3 (w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from datetime import datetime, timezone
@@ -73,6 +74,21 @@ def write_reports(plan: Plan, manifests: dict, gates: list[dict], log_path: Path
     report = reports.write_all(plan.output_dir, plan, manifests, gates)
     shutil.copy2(log_path, plan.output_dir / "run.log")
     return report
+
+
+def write_tuning(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> dict:
+    """``llmopt tune ARTIFACT``'s results in the plan's output folder: the tune stage's tuning.json, the
+    winner's ``deploy/`` and tuning.png, and run.log, written beside it and renamed into place (an older
+    folder there is replaced whole). The artifact itself is not changed."""
+    stage = plan.kind("tune")[0]
+    final = Path(plan.output_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(plan.cache.path(stage.key), tmp, ignore=shutil.ignore_patterns("manifest.json"))
+    shutil.copy2(log_path, tmp / "run.log")
+    swap_into_place(tmp, final)
+    return {"gates": gates, "tune": json.loads((final / "tuning.json").read_text())}
 
 
 def place_deploy(plan: Plan, manifests: dict, root: Path) -> dict:

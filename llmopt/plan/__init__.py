@@ -2,7 +2,8 @@
 
 One planner for every command: ``llmopt run`` plans the whole pipeline (source,
 compress, export, evals, gate, deploy, bench, tune), ``llmopt eval`` a scope of it (the
-source, or another baseline, scored alone or against a candidate, and the gate). The plan
+source, or another baseline, scored alone or against a candidate, and the gate), ``llmopt tune
+ARTIFACT`` the tune stage over a finished artifact's model and launch config. The plan
 reads config.json (or a GGUF header), never weights, so it is cheap and runs before any
 GPU time is spent. By concern:
 
@@ -15,8 +16,8 @@ GPU time is spent. By concern:
 * ``estimates``: sizes, the compress placement and the KV cache.
 """
 
-from llmopt.plan.builder import build_plan, is_url, resolve_cache
+from llmopt.plan.builder import build_artifact_plan, build_plan, is_url, resolve_cache
 from llmopt.plan.facts import unchecked_without_facts
 from llmopt.plan.types import Plan, Stage
 
-__all__ = ["Plan", "Stage", "build_plan", "is_url", "resolve_cache", "unchecked_without_facts"]
+__all__ = ["Plan", "Stage", "build_artifact_plan", "build_plan", "is_url", "resolve_cache", "unchecked_without_facts"]

@@ -19,7 +19,7 @@ from llmopt.model.modelinfo import ModelInfo, is_gguf
 from llmopt.plan.estimates import compress_placement, plan_estimates
 from llmopt.plan.facts import folder_facts, model_facts
 from llmopt.plan.rules import cross_stage_rules, held_out_problems
-from llmopt.plan.types import Pinned, Plan, Stage
+from llmopt.plan.types import InPlace, Pinned, Plan, Stage
 from llmopt.recipe.load import LoadedRecipe
 from llmopt.runtimes.endpoint import served_identity
 from llmopt.plan.stages import gate_options
@@ -78,6 +78,72 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     if placed is not None:
         plan.estimates["compress_placement"] = placed
     return plan
+
+
+def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                        cache_dir: str | Path | None = None, output_dir: str | Path | None = None) -> Plan:
+    """The plan of ``llmopt tune ARTIFACT`` (scope "tune"): the artifact's model and launch config as stages read
+    where they are, and the tune stage over them, under the recipe the artifact's manifest records with
+    ``overrides`` (``-s`` specs; [tune] enabled). The runner runs it as any plan: the stage is cached under its
+    key, and a killed search resumes from its trial store."""
+    import time
+
+    from llmopt.recipe.load import resolved_recipe
+
+    folder = Path(folder).expanduser().resolve()
+    manifest = artifact_manifest(folder)
+    loaded = resolved_recipe((manifest.get("recipe") or {}).get("resolved") or {}, folder / "manifest.json",
+                             ["tune.enabled=true", *overrides])
+    serve = loaded.recipe.serve
+    if serve is None:
+        raise UsageError(f"{folder}'s recipe has no [serve] section: there is no launch config to tune",
+                         fix="tune an artifact built from a recipe with [serve]")
+    deploy_dir = folder / "deploy" / serve.backend
+    if not (deploy_dir / "launch.sh").is_file():
+        raise UsageError(f"{folder} has no deploy/{serve.backend}/launch.sh", where=str(folder),
+                         fix="tune an artifact whose recipe has a [serve] section")
+    cache = resolve_cache(cache_dir, loaded)
+    gpu = find_gpu(loaded.recipe.target.gpu) if loaded.recipe.target.gpu else None
+    problems: list[Problem] = []
+    info = folder_facts(folder / "model")
+    builder = _Builder(loaded, problems, info, gpu, cache)
+    model = builder.add(in_place_model(folder, manifest))
+    deploy = builder.add(in_place_deploy(deploy_dir, serve.backend))
+    builder.tune(deploy, model)
+    assign_keys(builder.stages)
+    out = Path(output_dir or Path("tune") / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    return Plan(loaded, builder.stages, problems, info, gpu, {}, cache, out, "tune")
+
+
+def artifact_manifest(folder: Path) -> dict:
+    """An artifact folder's manifest.json, or a UsageError saying the folder is not an artifact."""
+    if not (folder / "manifest.json").is_file() or not (folder / "model").is_dir():
+        raise UsageError(f"{folder} is not an artifact (no manifest.json and model/)",
+                         fix="pass the folder `llmopt run` wrote (artifacts/<name>)")
+    try:
+        return json.loads((folder / "manifest.json").read_text())
+    except ValueError as exc:
+        raise UsageError(f"{folder}/manifest.json is not JSON: {exc}", fix="run `llmopt run` again") from None
+
+
+def in_place_model(folder: Path, manifest: dict) -> Stage:
+    """The artifact's ``model/`` as a stage read in place: the outputs of the stage that made it (its format),
+    keyed on the checksums the manifest records for its files."""
+    made = [s for s in manifest.get("stages") or [] if (s.get("outputs") or {}).get("format")]
+    outputs = dict((made[-1].get("outputs") or {}) if made else {}, model_dir=str(folder / "model"))
+    files = {k: v for k, v in (manifest.get("files") or {}).items() if k.startswith("model/")}
+    options = InPlace(folder=str(folder / "model"), outputs=outputs)
+    return Stage("model", "in_place", outputs.get("format", "hf"), ("model",), options,
+                 pinned=stage_key({"in_place": "model", "files": files}))
+
+
+def in_place_deploy(deploy_dir: Path, engine: str) -> Stage:
+    """The artifact's ``deploy/<engine>/`` as a stage read in place, keyed on its files' contents."""
+    import hashlib
+
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(deploy_dir.iterdir()) if p.is_file()}
+    return Stage("deploy", "in_place", engine, ("serve",), InPlace(folder=str(deploy_dir)),
+                 pinned=stage_key({"in_place": "deploy", "files": files}))
 
 
 def is_url(text: str | None) -> bool:

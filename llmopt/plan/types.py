@@ -19,7 +19,7 @@ from llmopt.recipe.load import LoadedRecipe
 @dataclass
 class Stage:
     name: str
-    kind: str  # source | compress | export | eval | gate | deploy | bench | tune
+    kind: str  # source | compress | export | eval | gate | deploy | bench | tune | pinned | in_place
     backend: str
     step: tuple  # where it is in the recipe: ("compress", 0)
     options: BaseModel
@@ -28,7 +28,7 @@ class Stage:
     key: str = ""
     role: str = ""  # eval stages: baseline | candidate
     volatile: bool = False  # runs even when cached: scores through an endpoint, or reads such a stage
-    pinned: str = ""  # the key of a finished cache entry this stage stands for (an artifact's model)
+    pinned: str = ""  # the key of what this stage stands for: a finished cache entry, or an artifact's part (in_place)
     unkeyed: tuple[str, ...] = ()  # options left out of the key (an endpoint's URL, when the server names its model)
 
     @property
@@ -60,7 +60,8 @@ class Plan:
     estimates: dict
     cache: Cache
     output_dir: Path  # the artifact (scope "run") or the reports folder (scope "eval")
-    scope: str = "run"  # run: every stage and the artifact; eval: sources, evals and the gate, then reports
+    scope: str = "run"  # run: every stage and the artifact; eval: sources, evals and the gate, then reports;
+    # tune: a finished artifact's model and launch config (in place) and the tune stage, then its results
 
     @property
     def errors(self) -> list[Problem]:
@@ -68,6 +69,11 @@ class Plan:
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
+
+    def folder(self, name: str) -> Path:
+        """Where the output of stage ``name`` is: its cache entry, or the artifact's folder it stands for."""
+        stage = self.stage(name)
+        return Path(stage.options.folder) if stage.kind == "in_place" else self.cache.path(stage.key)
 
     def kind(self, kind: str) -> list[Stage]:
         return [s for s in self.stages if s.kind == kind]
@@ -92,3 +98,16 @@ class Plan:
 
 class Pinned(BaseModel):
     artifact: str
+
+
+class InPlace(BaseModel):
+    """A part of a finished artifact that a stage stands for, read where it is (never run): its folder, and
+    the outputs the stage that made it recorded (the model's format; ``model_dir`` is the folder)."""
+
+    folder: str
+    outputs: dict = {}
+
+    def manifest(self, stage: "Stage") -> dict:
+        """What the runner hands the stages that read it, as it hands a cache entry's manifest."""
+        return {"stage": stage.name, "kind": stage.kind, "backend": stage.backend, "key": stage.key,
+                "outputs": dict(self.outputs)}

@@ -100,8 +100,18 @@ def parse_recipe(text: str, path: Path, overrides=()) -> LoadedRecipe:
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         where = f"{path}:{line}:{col}" if line else str(path)
         raise RecipeError(f"TOML syntax error: {msg}", where=where, fix="correct the TOML syntax at that position") from None
-    lines = index_lines(text)
-    loaded = LoadedRecipe(recipe=None, path=path, data=data, lines=lines)  # type: ignore[arg-type]
+    return validated(data, path, overrides, index_lines(text))
+
+
+def resolved_recipe(resolved: dict, path: Path, overrides=()) -> LoadedRecipe:
+    """The recipe an artifact's manifest records (``recipe.resolved``, every key as validated), with
+    ``overrides``, validated as a recipe file is; ``path`` (the manifest) is where its problems are said to be."""
+    return validated(copy.deepcopy(resolved), Path(path), overrides)
+
+
+def validated(data: dict, path: Path, overrides=(), lines: dict | None = None) -> LoadedRecipe:
+    """``data`` with ``overrides`` applied, through the validation passes; every problem in one RecipeError."""
+    loaded = LoadedRecipe(recipe=None, path=path, data=data, lines=lines or {})  # type: ignore[arg-type]
     for spec in overrides:
         key = apply_override(data, spec)
         # a table set whole replaces what earlier overrides set inside it

@@ -44,7 +44,7 @@ QUIET_LIBRARIES = {
 class StageRecord:
     name: str
     key: str
-    status: str  # "cached" | "ran"
+    status: str  # "cached" | "ran" | "in place"
     seconds: float
     outputs: dict = field(default_factory=dict)
 
@@ -78,6 +78,12 @@ class RunResult:
             "gates": self.gates,
             "passed": not self.gate_failed,
         }
+
+
+# what a plan's scope writes once its stages are done: the artifact, an eval's reports, a tune's results
+WRITERS = {"run": ("assembling the artifact", "artifact", artifact.assemble),
+           "eval": ("writing the reports", "reports", artifact.write_reports),
+           "tune": ("writing the tuning results", "tuning results", artifact.write_tuning)}
 
 
 def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
@@ -117,12 +123,12 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     try:
         manifests, records = execute_stages(plan, out, log, pick_device(), force)
         gates = manifests["gate"]["outputs"]["gates"] if "gate" in manifests else []
-        with out.status("assembling the artifact" if plan.scope == "run" else "writing the reports"):
+        doing, what, write = WRITERS[plan.scope]
+        with out.status(doing):
             t0 = time.monotonic()
-            write = artifact.assemble if plan.scope == "run" else artifact.write_reports
             report = write(plan, manifests, gates, log_path)
             seconds = time.monotonic() - t0
-            log.info("%s: %s in %.1fs", "artifact" if plan.scope == "run" else "reports", plan.output_dir, seconds)
+            log.info("%s: %s in %.1fs", what, plan.output_dir, seconds)
     finally:
         for handler in list(log.handlers):
             handler.close()
@@ -186,6 +192,11 @@ def execute_stages(plan: Plan, out: Output, log: logging.Logger, device: str,
     background = ThreadPoolExecutor(1, thread_name_prefix="llmopt-deferred")
     try:
         for stage in plan.stages:
+            if stage.kind == "in_place":  # a finished artifact's part, read where it is
+                manifests[stage.name] = stage.options.manifest(stage)
+                records.append(StageRecord(stage.name, stage.key, "in place", 0.0, manifests[stage.name]["outputs"]))
+                out.info(f"[green]✓[/] {stage.name} [dim](in place: {stage.options.folder})[/]")
+                continue
             if stage.key in ran:  # run a moment ago, perhaps still sealing: the same output
                 manifests[stage.name] = ran[stage.key]
                 records.append(StageRecord(stage.name, stage.key, "cached", 0.0, ran[stage.key]["outputs"]))
@@ -242,7 +253,7 @@ def _finish(stage: Stage, manifest: dict, works: list[Callable[[Path], dict]], p
 def _execute(stage: Stage, plan: Plan, manifests: dict, log: logging.Logger, out: Output, device: str,
              background: ThreadPoolExecutor, pending: list[_Pending]) -> StageRecord:
     cache = plan.cache
-    inputs = {role: cache.path(plan.stage(name).key) for role, name in stage.inputs.items()}
+    inputs = {role: plan.folder(name) for role, name in stage.inputs.items()}
     tmp = cache.begin(stage.key)
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()

@@ -16,7 +16,6 @@ installed here leaves the prediction in place, and tuning.json says why.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -152,11 +151,3 @@ class TuneStage(StageKind):
         result = tune(options, Path(ctx.model_dir), Path(ctx.inputs["deploy"]), manifest, Path(ctx.cache_root), store,
                       ctx.out_dir, ctx.progress)
         return report.outputs(result)
-
-
-def store_for(cache_root: Path, material: dict) -> Path:
-    """The trial store of ``llmopt tune ARTIFACT``: keyed on what the trials depend on."""
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    return Path(cache_root) / "tune" / f"artifact-{digest}"
