@@ -314,6 +314,13 @@ class Quickstart:
     artifact: Path
     cache: Path
     result: subprocess.CompletedProcess
+    background: subprocess.Popen | None = None  # the shared run's process, which goes on with BACKGROUND_RECIPES
+
+    def wait_background(self) -> None:
+        """Wait for the rest of the shared run: the recipes it runs after the quickstart on the same cache
+        (BACKGROUND_RECIPES), whose stages a command of one of them then finds there."""
+        if self.background is not None:
+            self.background.wait(timeout=QUICKSTART_TIMEOUT_S)
 
     @property
     def recipe(self) -> Path:
@@ -325,6 +332,7 @@ class Quickstart:
 
 
 QUIET_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+BACKGROUND_RECIPES = ("gguf-onnx-cpu.toml",)  # run by the shared run after the quickstart, on its cache
 _quickstart: dict = {}  # needed: a collected test uses the run; proc, root: the run in the background
 QUICKSTART_TIMEOUT_S = 3 * 3600
 
@@ -333,11 +341,12 @@ def quickstart_commands(root: Path) -> str:
     """The shell line of the shared run: ``llmopt run recipes/quickstart.toml --format json`` (stdout, stderr
     and exit code to files in ``root``), then ``llmopt run recipes/gguf-onnx-cpu.toml`` on the same cache, the
     README's second recipe, whose stages the docs' command of it then finds there (a failure of it leaves them
-    to that command, which fails the same way)."""
+    to that command, which fails the same way). run.rc appears, whole, when the quickstart is done: the tests
+    that use its artifact start then, while the second recipe goes on (``Quickstart.wait_background``)."""
     llmopt = f"{shlex.quote(sys.executable)} -m llmopt run"
     quick = f"{llmopt} {shlex.quote(str(ROOT / 'recipes' / 'quickstart.toml'))} -o artifacts/quickstart --format json"
     gguf = f"{llmopt} {shlex.quote(str(ROOT / 'recipes' / 'gguf-onnx-cpu.toml'))} -o artifacts/gguf-onnx-cpu"
-    return f"{quick} > run.out 2> run.err; echo $? > run.rc; {gguf} > gguf.log 2>&1"
+    return f"{quick} > run.out 2> run.err; echo $? > run.rc.tmp; mv run.rc.tmp run.rc; {gguf} > gguf.log 2>&1"
 
 
 def start_quickstart_in_background(tmp_path_factory, seed: Path) -> None:
@@ -359,29 +368,31 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     """ONE real ``llmopt run recipes/quickstart.toml --format json`` (many minutes on a CPU) in its own cache,
     shared by tests/test_quickstart.py and tests/test_docs_commands.py; the tests assert on its result. The
     cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice scores). The
-    run started in the background with the seed (``start_quickstart_in_background``); here it is waited for.
+    run started in the background with the seed (``start_quickstart_in_background``); here the quickstart is
+    waited for, and the recipe it runs next goes on (``Quickstart.wait_background``).
 
     LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts it from a cache that already holds the quickstart's stages (a
     developer's own) instead: the run is still run, in the foreground, and then takes seconds. CI leaves it unset."""
     seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
     if not seed:
         request.getfixturevalue("demo_seed")
-    proc = _quickstart.pop("proc", None)
+    proc = _quickstart.get("proc")
     if proc is None:  # a developer's cache, or no collected test asked for the run before the seed was built
         root = tmp_path_factory.mktemp("quickstart")
         link_tree(Path(seed) if seed else request.getfixturevalue("demo_seed"), root / "cache")
-        proc = subprocess.Popen(["bash", "-c", quickstart_commands(root)], cwd=root,
-                                env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")),
-                                start_new_session=True)
+        proc = _quickstart["proc"] = subprocess.Popen(
+            ["bash", "-c", quickstart_commands(root)], cwd=root,
+            env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")), preexec_fn=os.setpgrp)
     else:
         root = _quickstart["root"]
-    try:
-        proc.wait(timeout=QUICKSTART_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        pytest.fail(f"the quickstart run took more than {QUICKSTART_TIMEOUT_S} s")
+    deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
+    while not (root / "run.rc").is_file() and proc.poll() is None:  # the quickstart itself, not what follows it
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"the quickstart run took more than {QUICKSTART_TIMEOUT_S} s")
+        time.sleep(1)
     rc = (root / "run.rc").read_text().strip() if (root / "run.rc").is_file() else "-1"
     result = subprocess.CompletedProcess(["llmopt", "run", "recipes/quickstart.toml"], int(rc or -1),
                                          (root / "run.out").read_text(), (root / "run.err").read_text())
-    return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result)
+    return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result, proc)
