@@ -59,7 +59,7 @@ class Plan:
     gpu: GPU | None
     estimates: dict
     cache: Cache
-    output_dir: Path  # the artifact (scope "run") or the reports folder (scope "eval")
+    output_dir: Path  # the artifact (scope "run"), the reports folder (scope "eval") or the tuning results (scope "tune")
     scope: str = "run"  # run: every stage and the artifact; eval: sources, evals and the gate, then reports;
     # tune: a finished artifact's model and launch config (in place) and the tune stage, then its results
 
