@@ -85,9 +85,13 @@ def write_tuning(plan: Plan, manifests: dict, gates: list[dict], log_path: Path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(plan.cache.path(stage.key), tmp, ignore=shutil.ignore_patterns("manifest.json"))
-    shutil.copy2(log_path, tmp / "run.log")
-    swap_into_place(tmp, final)
+    try:
+        shutil.copytree(plan.cache.path(stage.key), tmp, ignore=shutil.ignore_patterns("manifest.json"))
+        shutil.copy2(log_path, tmp / "run.log")
+        swap_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return {"gates": gates, "tune": json.loads((final / "tuning.json").read_text())}
 
 

@@ -11,7 +11,7 @@ import llmopt
 from llmopt import data as datasets
 from llmopt import registry
 from llmopt.backends.base import PlanContext
-from llmopt.store.cache import Cache, stage_key
+from llmopt.store.cache import Cache, checksums, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
 from llmopt.libraries import versions
@@ -139,11 +139,8 @@ def in_place_model(folder: Path, manifest: dict) -> Stage:
 
 def in_place_deploy(deploy_dir: Path, engine: str) -> Stage:
     """The artifact's ``deploy/<engine>/`` as a stage read in place, keyed on its files' contents."""
-    import hashlib
-
-    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(deploy_dir.iterdir()) if p.is_file()}
     return Stage("deploy", "in_place", engine, ("serve",), InPlace(folder=str(deploy_dir)),
-                 pinned=stage_key({"in_place": "deploy", "files": files}))
+                 pinned=stage_key({"in_place": "deploy", "files": checksums(deploy_dir)}))
 
 
 def is_url(text: str | None) -> bool:
