@@ -213,14 +213,18 @@ def bench(target: str | Path, workload: dict | None = None, slo: dict | None = N
 
     ``workload`` (input_len, output_len, concurrency), ``slo`` (ttft_p99_ms, tpot_p99_ms, e2e_p99_ms) and
     ``options`` (llmopt.bench.BenchOptions' fields) override what an artifact's manifest records
-    ([serve].workload, [serve].slo, [bench] requests / warmup / repeats). Returns bench.json's content."""
-    from llmopt.bench.runner import default_out_dir, recorded_settings, run_bench
+    ([serve].workload, [serve].slo, [bench] requests / warmup / repeats / split). An artifact is benched as
+    a plan of the bench stage (``llmopt.run.bench``); a URL or a model folder directly. Returns bench.json's
+    content."""
+    from llmopt.bench.runner import default_out_dir, run_bench
+    from llmopt.plan import is_artifact
 
-    recorded = recorded_settings(target)
-    merged = {key: {**recorded.get(key, {}), **(given or {})}
-              for key, given in (("workload", workload), ("slo", slo), ("options", options))}
-    return run_bench(target, merged["workload"], merged["slo"], merged["options"], out_dir or default_out_dir(target),
-                     cache_dir=cache_dir, say=out.info if out else None)
+    if is_artifact(target):
+        from llmopt.run.bench import bench_artifact
+
+        return bench_artifact(target, {"workload": workload, "slo": slo, "options": options}, out_dir, cache_dir, out)
+    return run_bench(target, workload, slo, options, out_dir or default_out_dir(target), cache_dir=cache_dir,
+                     say=out.info if out else None)
 
 
 

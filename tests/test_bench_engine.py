@@ -30,7 +30,7 @@ def make_artifact(root: Path, backend: str = "vllm", launch: str | None = None) 
     folder = root / "artifact"
     (folder / "model").mkdir(parents=True)
     (folder / "model" / "config.json").write_text(json.dumps({"vocab_size": 1000, "max_position_embeddings": 4096}))
-    resolved = {"name": "fake-art", "serve": {"backend": backend, "workload": {"input_len": 8, "output_len": 4,
+    resolved = {"schema_version": 1, "name": "fake-art", "model": {"source": str(folder / "model")}, "serve": {"backend": backend, "workload": {"input_len": 8, "output_len": 4,
                                                                                 "concurrency": 2},
                                               "slo": {"ttft_p99_ms": 500, "tpot_p99_ms": None, "e2e_p99_ms": None}},
                 "bench": {"enabled": False, "requests": 6, "warmup": 1, "repeats": 1}}
@@ -78,6 +78,33 @@ def test_launch_sh_started_and_stopped(tmp_path, fake_vllm, isolated_cache):
     assert not list(engine.pid_dir(isolated_cache).glob("*.json"))
 
 
+def test_bench_of_an_artifact_is_its_bench_stage_run_by_the_runner(tmp_path, fake_vllm, isolated_cache):
+    """The quoted case of the house's issue: `llmopt bench ARTIFACT` ran stage code outside the runner. It is now
+    the bench stage of a plan (the artifact's model and launch config in place), logged, written whole, and
+    measured afresh each time."""
+    art, out = make_artifact(tmp_path), tmp_path / "out"
+    argv = ("bench", str(art), "-o", str(out), "-c", "1,2", "--format", "json", "--no-plots")
+    first = run_cli(*argv)
+    assert first.returncode == 0, first.stderr
+    result = load_json(first.stdout)
+    assert [p["load"]["value"] for p in result["points"]] == [1, 2] and result["out_dir"] == str(out)
+    assert {"bench.json", "bench.md", "requests.jsonl", "engine.log", "run.log"} <= {p.name for p in out.iterdir()}
+    entries = [json.loads(m.read_text()) for m in (isolated_cache / "stages").glob("*/manifest.json")]
+    stage = next(m for m in entries if m["kind"] == "bench")
+    assert stage["options"]["load"]["concurrency"] == [1, 2] and stage["options"]["requests"] == 6  # [bench]'s
+    assert [p["requests"]["ok"] for p in stage["outputs"]["points"]] == [6, 6]
+    assert "stage bench: running" in (out / "run.log").read_text()
+    again = run_cli(*argv)  # a benchmark is measured again, not taken from the cache
+    assert again.returncode == 0, again.stderr
+    assert load_json(again.stdout)["target"]["started"]["pid"] != result["target"]["started"]["pid"]
+    mine = tmp_path / "mine"  # -o a folder of other files: refused before anything starts, the files kept
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    refused = run_cli("bench", str(art), "-o", str(mine))
+    assert refused.returncode == 2 and "holds other files" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "keep" and len(list(mine.iterdir())) == 1
+
+
 def test_engine_not_installed_exits_4(tmp_path, isolated_cache):
     art = make_artifact(tmp_path)
     res = run_cli("bench", str(art), "-o", str(tmp_path / "out"), env={"PATH": "/usr/bin:/bin"})
@@ -93,10 +120,11 @@ def test_server_that_dies_at_startup_is_a_stage_failure(tmp_path, isolated_cache
 
 
 def test_startup_timeout_stops_the_server(tmp_path, isolated_cache):
-    art = make_artifact(tmp_path, "ort", "#!/usr/bin/env bash\necho $$ > \"$(dirname \"$0\")/pid\"\nexec sleep 300\n")
+    pid = tmp_path / "server.pid"  # the launch script runs from a copy of deploy/ort/ that bench lays out
+    art = make_artifact(tmp_path, "ort", f"#!/usr/bin/env bash\necho $$ > {pid}\nexec sleep 300\n")
     res = run_cli("bench", str(art), "-o", str(tmp_path / "out"), "--startup-timeout", "2")
     assert res.returncode == 1 and "did not answer" in res.stderr
-    assert not alive(int((art / "deploy" / "ort" / "pid").read_text()))
+    assert not alive(int(pid.read_text())) and not (tmp_path / "out").exists()  # nothing half-written
 
 
 def start_bench(art: Path, out: Path) -> subprocess.Popen:
@@ -131,7 +159,7 @@ def test_kill_9_leaves_a_pid_file_the_next_run_uses(tmp_path, fake_vllm, isolate
     fake_vllm.unlink()
     res = run_cli("bench", str(art), "-o", str(tmp_path / "out2"), "--no-plots")
     assert res.returncode == 0, res.stderr
-    assert f"stopped a server left by an earlier llmopt bench (pid {server}" in res.stderr
+    assert f"stopped a server left by an earlier llmopt run or bench (pid {server}" in res.stderr
     wait_for(lambda: not alive(server) and not alive(child), timeout=10)
     assert not list(pids.glob("*.json"))
 

@@ -19,7 +19,7 @@ def tiny_artifact(tmp_path, tiny_model):
     folder = tmp_path / "tiny-artifact"
     folder.mkdir()
     (folder / "model").symlink_to(tiny_model, target_is_directory=True)
-    resolved = {"name": "tiny-art", "serve": {"backend": "ort", "max_model_len": 256,
+    resolved = {"schema_version": 1, "name": "tiny-art", "model": {"source": str(tiny_model)}, "serve": {"backend": "ort", "max_model_len": 256,
                                               "workload": {"input_len": 24, "output_len": 6, "concurrency": 2},
                                               "slo": {"ttft_p99_ms": 60000, "tpot_p99_ms": None, "e2e_p99_ms": None}},
                 "bench": {"enabled": False, "requests": 4, "warmup": 1, "repeats": 1}}

@@ -99,14 +99,31 @@ def test_server_kind_and_bodies():
     assert wl.bodies(work, BenchOptions(), "m", "x", 512, 3, seed=5) == wl.bodies(work, BenchOptions(), "m", "x", 512, 3, 5)
 
 
-def test_targets_and_recorded_settings(tmp_path):
+def test_targets():
     assert runner.base_url("http://h:8000/v1/") == "http://h:8000" and runner.is_url("https://h")
-    assert not runner.is_url(tmp_path) and runner.recorded_settings("http://h:1") == {}
-    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"resolved": {
-        "serve": {"workload": {"input_len": 5}, "slo": {"ttft_p99_ms": 9}}, "bench": {"requests": 3, "enabled": True}}}}))
-    assert runner.recorded_settings(tmp_path) == {"workload": {"input_len": 5}, "slo": {"ttft_p99_ms": 9},
-                                                  "options": {"requests": 3}}
     assert runner.default_out_dir("http://h:8000/v1").name.startswith("h-8000-v1-")
+
+
+def test_an_artifacts_bench_is_its_recipes_settings_with_the_commands_over_them(tmp_path):
+    from llmopt.bench.stage import artifact_bench_options
+    from llmopt.plan import is_artifact
+    from llmopt.recipe.schema import Recipe
+
+    recipe = Recipe.model_validate({"schema_version": 1, "name": "r", "model": {"source": "x"}, "bench": {"requests": 3, "warmup": 1},
+                                    "serve": {"backend": "vllm", "workload": {"input_len": 5},
+                                              "slo": {"ttft_p99_ms": 9}}})
+    got = artifact_bench_options(recipe, {"workload": {"output_len": 7}, "slo": {"tpot_p99_ms": 2},
+                                          "options": {"repeats": 2, "concurrency": [1, 4], "endpoint": "chat"}})
+    assert (got.engine, got.workload.input_len, got.workload.output_len) == ("vllm", 5, 7)
+    assert (got.slo.ttft_p99_ms, got.slo.tpot_p99_ms) == (9, 2)
+    assert (got.requests, got.warmup, got.repeats) == (3, 1, 2)  # [bench]'s, and the command's repeats
+    assert got.load.concurrency == [1, 4] and got.load.endpoint == "chat" and got.load.engine == "auto"
+    bare = artifact_bench_options(Recipe.model_validate({"schema_version": 1, "name": "r", "model": {"source": "x"}}), {})
+    assert bare.engine == "llmopt" and bare.load == BenchOptions() and bare.repeats == 3
+    assert not is_artifact("http://h:1") and not is_artifact(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "manifest.json").write_text("{}")
+    assert is_artifact(tmp_path)
 
 
 def test_markdown_has_a_row_per_point():
@@ -188,13 +205,14 @@ def test_split_off_on_the_command_line(tmp_path, capsys):
     assert code == 0 and result["split"] is None and result["options"]["split"] == []
 
 
-def test_an_artifacts_recorded_split_is_kept_unless_the_command_line_sets_one(tmp_path, monkeypatch):
-    from llmopt.bench import runner as bench_runner
+def test_an_artifacts_recorded_split_is_kept_unless_the_command_line_sets_one():
+    from llmopt.bench.stage import artifact_bench_options
+    from llmopt.cli.bench import _split
+    from llmopt.recipe.schema import Recipe
 
-    resolved = {"serve": {"workload": {"input_len": 8}}, "bench": {"requests": 2, "split": [64]}}
-    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"resolved": resolved}}))
-    seen = []
-    monkeypatch.setattr(bench_runner, "run_bench", lambda target, w, s, options, *a, **k: seen.append(options) or {})
-    for args, expect in ((["-n", "2"], [64]), (["--split", "off"], []), (["--split", "128"], [128])):
-        assert main(["bench", str(tmp_path), *args, "-o", str(tmp_path / "out"), "--format", "json"]) == 0
-        assert seen[-1]["split"] == expect, args
+    recipe = Recipe.model_validate({"schema_version": 1, "name": "r", "model": {"source": "x"},
+                                    "serve": {"backend": "ort", "workload": {"input_len": 8}},
+                                    "bench": {"requests": 2, "split": [64]}})
+    for args, expect in ((None, [64]), (["off"], []), (["128"], [128]), (["128,512"], [128, 512])):
+        given = {} if _split(args) is None else {"split": _split(args)}
+        assert artifact_bench_options(recipe, {"options": given}).split == expect, args

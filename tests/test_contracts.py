@@ -269,9 +269,9 @@ LAYERS = [
     # the bench stage of a run starts an artifact's server and measures it (llmopt bench is the same code);
     # it finds the model folder as llmopt serve does; the tune stage starts it once per trial
     ["llmopt.plan.stages", "llmopt.plan", "llmopt.bench", "llmopt.tune", "llmopt.server.model"],
-    # llmopt eval and llmopt tune ARTIFACT plan their scope and hand it to the runner
+    # llmopt eval, and llmopt tune and bench of an artifact, plan their scope and hand it to the runner
     ["llmopt.artifacts.reports", "llmopt.artifacts.artifact", "llmopt.run.runner", "llmopt.run.evaluate",
-     "llmopt.run.tune"],
+     "llmopt.run.tune", "llmopt.run.bench"],
     ["llmopt.api", "llmopt.server", "llmopt.sweep"],
     ["llmopt.cli", "llmopt.docgen", "llmopt.__main__"],
 ]

@@ -78,9 +78,22 @@ def write_reports(plan: Plan, manifests: dict, gates: list[dict], log_path: Path
 
 def write_tuning(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> dict:
     """``llmopt tune ARTIFACT``'s results in the plan's output folder: the tune stage's tuning.json, the
-    winner's ``deploy/`` and tuning.png, and run.log, written beside it and renamed into place (an older
-    folder there is replaced whole). The artifact itself is not changed."""
-    stage = plan.kind("tune")[0]
+    winner's ``deploy/`` and tuning.png, and run.log. The artifact itself is not changed."""
+    final = write_results(plan, "tune", log_path)
+    return {"gates": gates, "tune": json.loads((final / "tuning.json").read_text())}
+
+
+def write_bench(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> dict:
+    """``llmopt bench ARTIFACT``'s results in the plan's output folder: the bench stage's bench.json,
+    bench.md, requests.jsonl, engine.log and plots, and run.log."""
+    final = write_results(plan, "bench", log_path)
+    return {"gates": gates, "bench": json.loads((final / "bench.json").read_text())}
+
+
+def write_results(plan: Plan, kind: str, log_path: Path) -> Path:
+    """The files of the plan's ``kind`` stage and the run's log, written beside the output folder and renamed
+    into place (an older folder there is replaced whole); returns the folder."""
+    stage = plan.kind(kind)[0]
     final = Path(plan.output_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
@@ -92,7 +105,7 @@ def write_tuning(plan: Plan, manifests: dict, gates: list[dict], log_path: Path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"gates": gates, "tune": json.loads((final / "tuning.json").read_text())}
+    return final
 
 
 def place_deploy(plan: Plan, manifests: dict, root: Path) -> dict:

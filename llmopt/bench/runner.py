@@ -171,17 +171,6 @@ def _version(dist: str) -> str | None:
     return package_version(dist)
 
 
-def recorded_settings(target: str | Path) -> dict:
-    """The workload, SLO and [bench] settings an artifact's manifest records ({} for a URL or a model folder)."""
-    manifest = Path(target) / "manifest.json" if not is_url(target) else None
-    if manifest is None or not manifest.is_file():
-        return {}
-    recipe = (json.loads(manifest.read_text()).get("recipe") or {}).get("resolved") or {}
-    serve, section = recipe.get("serve") or {}, recipe.get("bench") or {}
-    return {"workload": serve.get("workload") or {}, "slo": serve.get("slo") or {},
-            "options": {k: section[k] for k in ("requests", "warmup", "repeats", "split") if k in section}}
-
-
 def default_out_dir(target: str | Path) -> Path:
     """bench/<target name>-<UTC time> under the current folder."""
     import re

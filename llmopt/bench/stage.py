@@ -11,6 +11,11 @@ artifact's manifest and reports carry.
 
 The key hashes the deploy stage's key, the model stage's key and these options, so a finished bench
 is cached; one that was killed left no entry and runs again.
+
+``llmopt bench ARTIFACT`` is a plan of this stage too (``llmopt.plan.build_artifact_plan``, scope
+"bench"): the artifact's ``model/`` and ``deploy/<engine>/`` read where they are, the recipe its
+manifest records, and the command's own load (points, rates, a sweep, the endpoint...) in ``load``.
+That stage is volatile: a benchmark measures afresh each time it is asked for.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmopt.backends.base import StageContext, StageKind
+from llmopt.bench.options import BenchOptions
 from llmopt.errors import Problem
 from llmopt.recipe.schema import SLO, Workload
 from llmopt.registry import register
@@ -47,12 +53,31 @@ class BenchStageOptions(ServedLoad):
     repeats: int = Field(ge=1, description="[bench] repeats: runs of the point; figures are the medians.")
     split: list[int] | None = Field(None, description="[bench] split: prompt lengths of the prefill / decode split "
                                     "(None: the default lengths for llmopt serve).")
+    load: BenchOptions | None = Field(None, description="`llmopt bench ARTIFACT`'s own options (load points, rates, "
+                                      "sweep, endpoint, timeouts); None in `llmopt run`: one point at the "
+                                      "workload's concurrency, on the deploy stage's engine.")
 
 
 def bench_options(recipe) -> BenchStageOptions:
     serve, bench = recipe.serve, recipe.bench
     return BenchStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo, requests=bench.requests,
                              warmup=bench.warmup, repeats=bench.repeats, split=bench.split)
+
+
+def artifact_bench_options(recipe, given: dict) -> BenchStageOptions:
+    """The bench stage of ``llmopt bench ARTIFACT``: what the artifact's recipe records ([serve].workload and
+    .slo, [bench] requests, warmup, repeats and split) with the command's ``given`` settings laid over it
+    (``workload``, ``slo``: fields of those tables; ``options``: BenchOptions' fields). An artifact without
+    [serve] is served by ``llmopt serve`` under the default workload."""
+    serve, section = recipe.serve, recipe.bench
+    options = dict(given.get("options") or {})
+    fields = {"requests": section.requests, "warmup": section.warmup, "repeats": section.repeats,
+              "split": section.split}
+    fields.update({key: options.pop(key) for key in list(fields) if key in options})
+    workload = (serve.workload if serve else Workload()).model_dump() | (given.get("workload") or {})
+    slo = (serve.slo if serve else SLO()).model_dump() | (given.get("slo") or {})
+    return BenchStageOptions(engine=serve.backend if serve else "llmopt", workload=Workload(**workload),
+                             slo=SLO(**slo), load=BenchOptions(**options), **fields)
 
 
 def plan_problems(loaded) -> list[Problem]:
@@ -83,13 +108,12 @@ class BenchStage(StageKind):
     requires = ("aiohttp",)  # the streaming client
 
     def run(self, options: BenchStageOptions, ctx: StageContext) -> dict:
-        from llmopt.bench.options import BenchOptions
         from llmopt.bench.runner import run_bench
 
         target = ctx.out_dir / "target"
         lay_out(target, ctx, options.engine)
-        run = BenchOptions(requests=options.requests, warmup=options.warmup, repeats=options.repeats,
-                           engine=options.engine, split=options.split)
+        run = (options.load or BenchOptions(engine=options.engine)).model_copy(update={
+            "requests": options.requests, "warmup": options.warmup, "repeats": options.repeats, "split": options.split})
         try:
             result = run_bench(target, options.workload, options.slo, run, ctx.out_dir, cache_dir=ctx.cache_root,
                                say=ctx.progress)
@@ -102,13 +126,15 @@ class BenchStage(StageKind):
 
 def lay_out(target: Path, ctx: StageContext, engine: str) -> None:
     """``target`` as an artifact: ``model/`` (a link to the final model), ``deploy/<engine>/`` (a copy of the
-    deploy stage's files, where launch.sh looks for them) and a manifest.json naming the recipe and the
-    model's format (what ``llmopt serve`` reads)."""
+    deploy stage's files, where launch.sh looks for them; none for an artifact without a launch config, which
+    ``llmopt serve`` serves) and a manifest.json naming the recipe and the model's format (what ``llmopt
+    serve`` reads)."""
     from llmopt.store.cache import write_json
 
     target.mkdir(parents=True)
     (target / "model").symlink_to(Path(ctx.model_dir).resolve(), target_is_directory=True)
-    shutil.copytree(ctx.inputs["deploy"], target / "deploy" / engine, ignore=shutil.ignore_patterns("manifest.json"))
+    if "deploy" in ctx.inputs:
+        shutil.copytree(ctx.inputs["deploy"], target / "deploy" / engine, ignore=shutil.ignore_patterns("manifest.json"))
     model = ctx.input_manifests["model"]
     write_json(target / "manifest.json", {
         "recipe": {"name": ctx.recipe.recipe.name, "resolved": ctx.recipe.recipe.model_dump(mode="json")},

@@ -81,11 +81,14 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
 
 
 def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ...] = (),
-                        cache_dir: str | Path | None = None, output_dir: str | Path | None = None) -> Plan:
-    """The plan of ``llmopt tune ARTIFACT`` (scope "tune"): the artifact's model and launch config as stages read
-    where they are, and the tune stage over them, under the recipe the artifact's manifest records with
-    ``overrides`` (``-s`` specs; [tune] enabled). The runner runs it as any plan: the stage is cached under its
-    key, and a killed search resumes from its trial store."""
+                        cache_dir: str | Path | None = None, output_dir: str | Path | None = None, *,
+                        scope: str = "tune", bench: dict | None = None) -> Plan:
+    """The plan of ``llmopt tune ARTIFACT`` (scope "tune") or ``llmopt bench ARTIFACT`` (scope "bench"): the
+    artifact's model and launch config as stages read where they are, and the tune or bench stage over them,
+    under the recipe the artifact's manifest records with ``overrides`` (``-s`` specs). The runner runs it as
+    any plan: the tune stage is cached under its key, and a killed search resumes from its trial store; the
+    bench stage (``bench``: the command's workload, slo and options laid over the recipe's) is volatile, so
+    it measures afresh each time."""
     import time
 
     from llmopt.recipe.load import resolved_recipe
@@ -93,26 +96,58 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
     folder = Path(folder).expanduser().resolve()
     manifest = artifact_manifest(folder)
     loaded = resolved_recipe((manifest.get("recipe") or {}).get("resolved") or {}, folder / "manifest.json",
-                             ["tune.enabled=true", *overrides])
+                             [*(["tune.enabled=true"] if scope == "tune" else []), *overrides])
     serve = loaded.recipe.serve
-    if serve is None:
+    deploy_dir = folder / "deploy" / serve.backend if serve is not None else None
+    launchable = deploy_dir is not None and (deploy_dir / "launch.sh").is_file()
+    if scope == "tune" and serve is None:
         raise UsageError(f"{folder}'s recipe has no [serve] section: there is no launch config to tune",
                          fix="tune an artifact built from a recipe with [serve]")
-    deploy_dir = folder / "deploy" / serve.backend
-    if not (deploy_dir / "launch.sh").is_file():
+    if scope == "tune" and not launchable:
         raise UsageError(f"{folder} has no deploy/{serve.backend}/launch.sh", where=str(folder),
                          fix="tune an artifact whose recipe has a [serve] section")
+    out = Path(output_dir or Path(scope) / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    replaceable(out, "tuning.json" if scope == "tune" else "bench.json")
     cache = resolve_cache(cache_dir, loaded)
     gpu = find_gpu(loaded.recipe.target.gpu) if loaded.recipe.target.gpu else None
     problems: list[Problem] = []
     info = folder_facts(folder / "model")
     builder = _Builder(loaded, problems, info, gpu, cache)
     model = builder.add(in_place_model(folder, manifest))
-    deploy = builder.add(in_place_deploy(deploy_dir, serve.backend))
-    builder.tune(deploy, model)
+    deploy = builder.add(in_place_deploy(deploy_dir, serve.backend)) if launchable else None
+    if scope == "tune":
+        builder.tune(deploy, model)
+    else:
+        from pydantic import ValidationError
+
+        from llmopt.bench.stage import artifact_bench_options
+
+        try:
+            options = artifact_bench_options(loaded.recipe, bench or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise UsageError(f"bench {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
+                             fix="see llmopt bench --help") from None
+        inputs = {"model": model.name, **({"deploy": deploy.name} if deploy is not None else {})}
+        builder.add(Stage("bench", "bench", options.engine, ("bench",), options, inputs, volatile=True))
     assign_keys(builder.stages)
-    out = Path(output_dir or Path("tune") / f"{folder.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-    return Plan(loaded, builder.stages, problems, info, gpu, {}, cache, out, "tune")
+    return Plan(loaded, builder.stages, problems, info, gpu, {}, cache, out, scope)
+
+
+def replaceable(out: Path, marker: str) -> None:
+    """Results replace their output folder whole: refuse one that holds anything but an earlier run's
+    results (``marker`` in it), so that ``-o`` cannot wipe a folder of other files."""
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise UsageError(f"{out} exists and holds other files than results ({marker}): they would be replaced",
+                         where=str(out), fix="pass -o a new folder, or an earlier result's")
+
+
+def is_artifact(target: str | Path) -> bool:
+    """``target`` is a folder `llmopt run` wrote (manifest.json and model/), not a URL or a bare model folder."""
+    if is_url(str(target)):
+        return False
+    folder = Path(target).expanduser()
+    return (folder / "manifest.json").is_file() and (folder / "model").is_dir()
 
 
 def artifact_manifest(folder: Path) -> dict:

@@ -80,10 +80,11 @@ class RunResult:
         }
 
 
-# what a plan's scope writes once its stages are done: the artifact, an eval's reports, a tune's results
+# what a plan's scope writes once its stages are done: the artifact, an eval's reports, a tune's or a bench's results
 WRITERS = {"run": ("assembling the artifact", "artifact", artifact.assemble),
            "eval": ("writing the reports", "reports", artifact.write_reports),
-           "tune": ("writing the tuning results", "tuning results", artifact.write_tuning)}
+           "tune": ("writing the tuning results", "tuning results", artifact.write_tuning),
+           "bench": ("writing the benchmark results", "benchmark results", artifact.write_bench)}
 
 
 def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
