@@ -115,8 +115,13 @@ def test_damaged_candidate_fails_with_exit_3(capsys, recipe, tiny_model, tmp_pat
     check_reports(tmp_path / "again", {"prose": "pass", "mc": "no-gate"})
     again = json.loads((tmp_path / "again" / "report.json").read_text())
     assert {k: again.get(k) for k in sections} == sections
-    code, _, err = call(capsys, "gate", str(tmp_path / "r" / "report.json"))
+    # judged again as it was: the gate stage's own verdict function gives the gate stage's records back
+    code, out, err = call(capsys, "gate", str(tmp_path / "r" / "report.json"), "-f", "json")
     assert code == 3 and "accuracy gate failed: prose" in err
+    keep = ("verdict", "metric", "n", "baseline", "candidate", "delta", "ci", "interval", "domain")
+    assert [{k: g.get(k) for k in keep} for g in json.loads(out)["gates"]] == \
+        [{k: g.get(k) for k in keep} for g in original["gates"]]
+    assert original["gates"][0]["domain"] == "science prose"  # kept: a re-judged report still says what was held
 
 
 def report_with_files(folder: Path) -> Path:

@@ -41,6 +41,7 @@ class GateSpec(BaseModel):
     max_increase_pct: float | None = None
     confidence: float = 0.95
     gate_on: Literal["interval", "point"] = "interval"
+    interval: Literal[gate.METHODS] = "auto"  # how the interval is computed (`llmopt gate -s EVAL.interval=...`)
     domain: str | None = None  # the kind of text the eval's data holds, when known
 
 
@@ -72,17 +73,19 @@ class GateStage(StageKind):
     @staticmethod
     def judge(spec: GateSpec, ctx: StageContext) -> dict:
         b, c = (ctx.input_manifests[f"{spec.name}.{role}"] for role in ("baseline", "candidate"))
-        scores = b["outputs"].get("scores", "scores.jsonl")
-        comparison = gate.compare(
-            b["outputs"]["metric"],
-            gate.read_scores(ctx.inputs[f"{spec.name}.baseline"] / scores),
-            gate.read_scores(ctx.inputs[f"{spec.name}.candidate"] / c["outputs"].get("scores", "scores.jsonl")),
-            spec.confidence,
-        )
-        record = gate.judge(spec, comparison, b["outputs"].get("higher_is_better", True))
+        record = judge_pair(spec, b["outputs"]["metric"],
+                            gate.read_scores(ctx.inputs[f"{spec.name}.baseline"] / b["outputs"].get("scores", "scores.jsonl")),
+                            gate.read_scores(ctx.inputs[f"{spec.name}.candidate"] / c["outputs"].get("scores", "scores.jsonl")),
+                            b["outputs"].get("higher_is_better", True))
         record["baseline_stage"], record["candidate_stage"] = b["key"], c["key"]
-        record["domain"] = spec.domain
         return record
+
+
+def judge_pair(spec: GateSpec, metric: str, baseline: dict, candidate: dict, higher_is_better: bool) -> dict:
+    """One gate's verdict on the paired per-example scores: the gate stage's, and `llmopt gate`'s on a report's
+    saved pairs. A ValueError when the interval method does not suit the scores."""
+    comparison = gate.compare(metric, baseline, candidate, spec.confidence, method=spec.interval)
+    return gate.judge(spec, comparison, higher_is_better) | {"domain": spec.domain}
 
 
 @register("stage", "deploy")

@@ -11,7 +11,8 @@ scored again, nor is an artifact's model whose stage the cache holds; stages tha
 through an endpoint always run, since what a server answers can change behind one URL.
 
 ``rejudge`` reads a report.json and judges its gates again, from the per-example
-score files it names, with other thresholds; written into another folder, the new report
+score files it names, with other thresholds, by the gate stage's own verdict function
+(``stages.judge_pair``); written into another folder, the new report
 takes every file the old one names along (scores, plots, bench / tune / training files).
 """
 
@@ -32,7 +33,7 @@ from llmopt.plan import build_plan, is_url
 from llmopt.recipe import load_recipe
 from llmopt.recipe.schema import EvalItem
 from llmopt.run.runner import RunResult, run_plan
-from llmopt.plan.stages import GATE_FIELDS
+from llmopt.plan.stages import GATE_FIELDS, GateSpec, judge_pair
 
 GATE_KEYS = tuple(k for k in GATE_FIELDS if k not in ("name", "kind")) + ("interval",)
 
@@ -128,10 +129,11 @@ def judge_again(record: dict, change: dict, folder: Path) -> dict:
     if missing:
         raise UsageError(f"gate {record['name']!r}: score file {folder / missing[0]} is missing",
                          fix="keep the *.scores.jsonl files next to report.json (upload the whole reports folder)")
+    spec = GateSpec(**{k: getattr(item, k) for k in GATE_FIELDS}, interval=method, domain=record.get("domain"))
     baseline = gate.read_scores(folder / record["scores"]["baseline"])
     candidate = gate.read_scores(folder / record["scores"]["candidate"])
     try:
-        comparison = gate.compare(record["metric"], baseline, candidate, item.confidence, method=method)
+        judged = judge_pair(spec, record["metric"], baseline, candidate, record.get("higher_is_better", True))
     except ValueError as exc:
         raise UsageError(f"gate {record['name']!r}: {exc}", fix="use interval=bootstrap for scores that are not 0/1") from None
-    return dict(gate.judge(item, comparison, record.get("higher_is_better", True)), scores=record["scores"])
+    return dict(judged, scores=record["scores"])
