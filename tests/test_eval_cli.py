@@ -173,6 +173,13 @@ def test_gate_into_another_folder_copies_every_file_the_report_names(capsys, tmp
         assert (tmp_path / "again" / name).read_text() == f"contents of {name}", name
     links = re.findall(r"\]\(([^)]+)\)", (tmp_path / "again" / "report.md").read_text())
     assert links and all((tmp_path / "again" / link).is_file() for link in links)
+    # judged by the gate stage, run by the one runner over the saved scores read in place: logged, and cached
+    # under a key of the thresholds and the score files' contents
+    log = next((tmp_path / "cache" / "runs").glob("*.log")).read_text()
+    assert "stage gate: running" in log
+    entries = [json.loads(m.read_text()) for m in (tmp_path / "cache" / "stages").glob("*/manifest.json")]
+    assert [(e["kind"], sorted(e["inputs"])) for e in entries] == [("gate", ["mc.baseline", "mc.candidate"])]
+    assert entries[0]["options"]["gates"][0]["max_drop"] == 0.9
 
 
 def test_gate_rejects_unknown_settings(capsys, recipe, tiny_model, tmp_path):

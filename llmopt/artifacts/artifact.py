@@ -90,6 +90,24 @@ def write_bench(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) 
     return {"gates": gates, "bench": json.loads((final / "bench.json").read_text())}
 
 
+def write_rejudged(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> dict:
+    """``llmopt gate REPORT``'s report: the report (the plan's recipe path) with the gate stage's verdicts, each
+    keeping the score files and the eval stages it named. With an output folder, report.json, report.md and
+    junit.xml are written there, with every file the report names copied along; without one, nothing."""
+    source = Path(plan.recipe.path)
+    report = json.loads(source.read_text())
+    named = {g["name"]: g for g in report.get("gates", [])}
+    keep = ("scores", "baseline_stage", "candidate_stage")
+    gates = [record | {k: named[record["name"]][k] for k in keep if k in named[record["name"]]} for record in gates]
+    new = dict(report, gates=gates, passed=all(g["verdict"] != "fail" for g in gates))
+    if plan.output_dir is not None:
+        folder = Path(plan.output_dir)
+        reports.copy_named_files(new, source.parent, folder)
+        reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates,
+                              report.get("bench"), report.get("tune"), report.get("training"))
+    return new
+
+
 def write_results(plan: Plan, kind: str, log_path: Path) -> Path:
     """The files of the plan's ``kind`` stage and the run's log, written beside the output folder and renamed
     into place (an older folder there is replaced whole); returns the folder."""

@@ -175,6 +175,19 @@ def named_files(report: dict) -> list[str]:
     return names
 
 
+def copy_named_files(report: dict, source: Path, folder: Path) -> None:
+    """The files ``report`` names (score files, plots, bench / tune / training files) copied from ``source`` to
+    ``folder``, so that the links of a report re-judged into another folder resolve. A name that leaves the
+    report's folder is not followed; one the original folder lacks stays missing, as it was there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in named_files(report):
+        src, dst = source / name, folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not src.is_file() or src.resolve() == dst.resolve():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
 def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],
                   bench: dict | None = None, tune: dict | None = None, training: dict | None = None) -> dict:
     """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY.

@@ -37,12 +37,15 @@ def gate(
         llmopt gate reports/report.json -s mc.interval=bootstrap -o rejudged/ --format json
     """
     from llmopt.cli.eval import show
+    from llmopt.errors import GateFailed
     from llmopt.run.evaluate import rejudge
-    from llmopt.plan.stages import failure
 
     out = sink(format)
-    result = rejudge(report, set_ or [], output)
+    try:
+        result = rejudge(report, set_ or [], output, out=out)
+    except GateFailed as err:
+        failed = getattr(err, "result", None)
+        if failed is not None:
+            out.result(failed.report, lambda c: show(c, {}, failed.report["gates"], output or report.parent))
+        raise
     out.result(result, lambda c: show(c, {}, result["gates"], output or report.parent))
-    err = failure(result["gates"], str(report), str(output / "report.md") if output else "the reasons above")
-    if err is not None:
-        raise err

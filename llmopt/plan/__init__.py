@@ -16,8 +16,8 @@ GPU time is spent. By concern:
 * ``estimates``: sizes, the compress placement and the KV cache.
 """
 
-from llmopt.plan.builder import build_artifact_plan, build_plan, is_artifact, is_url, resolve_cache
+from llmopt.plan.builder import build_artifact_plan, build_gate_plan, build_plan, is_artifact, is_url, resolve_cache
 from llmopt.plan.facts import unchecked_without_facts
 from llmopt.plan.types import Plan, Stage
 
-__all__ = ["Plan", "Stage", "build_artifact_plan", "build_plan", "is_artifact", "is_url", "resolve_cache", "unchecked_without_facts"]
+__all__ = ["Plan", "Stage", "build_artifact_plan", "build_gate_plan", "build_plan", "is_artifact", "is_url", "resolve_cache", "unchecked_without_facts"]

@@ -11,7 +11,7 @@ import llmopt
 from llmopt import data as datasets
 from llmopt import registry
 from llmopt.backends.base import PlanContext
-from llmopt.store.cache import Cache, checksums, stage_key
+from llmopt.store.cache import Cache, checksums, sha256_file, stage_key
 from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
 from llmopt.libraries import versions
@@ -132,6 +132,36 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
         builder.add(Stage("bench", "bench", options.engine, ("bench",), options, inputs, volatile=True))
     assign_keys(builder.stages)
     return Plan(loaded, builder.stages, problems, info, gpu, {}, cache, out, scope)
+
+
+def build_gate_plan(report_path: str | Path, report: dict, specs: list, output_dir: str | Path | None = None,
+                    cache_dir: str | Path | None = None) -> Plan:
+    """The plan of ``llmopt gate REPORT`` (scope "gate"): each gate's saved baseline and candidate scores as
+    stages read in place (the report's folder; keyed on the files' contents), and the gate stage over them
+    with ``specs`` (``stages.GateSpec``: the report's thresholds with the command's settings laid over).
+    Nothing is scored. The plan's recipe is the report's record of it: its name, the report's path."""
+    from llmopt.plan.stages import GateOptions
+    from llmopt.recipe.load import validated
+
+    report_path = Path(report_path)
+    folder = report_path.parent.resolve()
+    loaded = validated({"schema_version": 1, "name": report["recipe"], "model": {"source": str(folder)}}, report_path)
+    records = {g["name"]: g for g in report.get("gates", [])}
+    stages: list[Stage] = []
+    inputs: dict[str, str] = {}
+    for spec in specs:
+        record = records[spec.name]
+        for role in ("baseline", "candidate"):
+            name = record["scores"][role]
+            outputs = {"metric": record["metric"], "scores": name, "higher_is_better": record.get("higher_is_better", True)}
+            stages.append(Stage(f"eval.{spec.name}.{role}", "in_place", "scores", ("eval",),
+                                InPlace(folder=str(folder), outputs=outputs),
+                                pinned=stage_key({"in_place": "scores", **outputs, "sha256": sha256_file(folder / name)})))
+            inputs[f"{spec.name}.{role}"] = stages[-1].name
+    stages.append(Stage("gate", "gate", "paired", ("eval",), GateOptions(gates=list(specs)), inputs))
+    assign_keys(stages)
+    out = Path(output_dir) if output_dir is not None else None
+    return Plan(loaded, stages, [], None, None, {}, resolve_cache(cache_dir, loaded), out, "gate")
 
 
 def replaceable(out: Path, marker: str) -> None:

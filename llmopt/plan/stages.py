@@ -22,7 +22,7 @@ from llmopt import registry
 
 from llmopt.scoring import gate
 from llmopt.backends.base import StageContext, StageKind
-from llmopt.errors import GateFailed
+from llmopt.errors import GateFailed, UsageError
 from llmopt.registry import register
 
 GATE_FIELDS = ("name", "kind", "max_drop", "max_rel_drop_pct", "min_recovery", "max_increase_pct", "confidence",
@@ -73,19 +73,18 @@ class GateStage(StageKind):
     @staticmethod
     def judge(spec: GateSpec, ctx: StageContext) -> dict:
         b, c = (ctx.input_manifests[f"{spec.name}.{role}"] for role in ("baseline", "candidate"))
-        record = judge_pair(spec, b["outputs"]["metric"],
-                            gate.read_scores(ctx.inputs[f"{spec.name}.baseline"] / b["outputs"].get("scores", "scores.jsonl")),
-                            gate.read_scores(ctx.inputs[f"{spec.name}.candidate"] / c["outputs"].get("scores", "scores.jsonl")),
-                            b["outputs"].get("higher_is_better", True))
+        try:
+            comparison = gate.compare(
+                b["outputs"]["metric"],
+                gate.read_scores(ctx.inputs[f"{spec.name}.baseline"] / b["outputs"].get("scores", "scores.jsonl")),
+                gate.read_scores(ctx.inputs[f"{spec.name}.candidate"] / c["outputs"].get("scores", "scores.jsonl")),
+                spec.confidence, method=spec.interval)
+        except ValueError as exc:  # an interval method the scores do not suit (`llmopt gate -s EVAL.interval=`)
+            raise UsageError(f"gate {spec.name!r}: {exc}", fix="use interval=bootstrap for scores that are not 0/1") from None
+        record = gate.judge(spec, comparison, b["outputs"].get("higher_is_better", True))
         record["baseline_stage"], record["candidate_stage"] = b["key"], c["key"]
+        record["domain"] = spec.domain
         return record
-
-
-def judge_pair(spec: GateSpec, metric: str, baseline: dict, candidate: dict, higher_is_better: bool) -> dict:
-    """One gate's verdict on the paired per-example scores: the gate stage's, and `llmopt gate`'s on a report's
-    saved pairs. A ValueError when the interval method does not suit the scores."""
-    comparison = gate.compare(metric, baseline, candidate, spec.confidence, method=spec.interval)
-    return gate.judge(spec, comparison, higher_is_better) | {"domain": spec.domain}
 
 
 @register("stage", "deploy")

@@ -59,9 +59,11 @@ class Plan:
     gpu: GPU | None
     estimates: dict
     cache: Cache
-    output_dir: Path  # the artifact (scope "run"), the reports folder (scope "eval") or the tuning results (scope "tune")
+    output_dir: Path | None  # the artifact (scope "run"), the reports folder ("eval"), the tune or bench results
+    # ("tune", "bench"), the re-judged report ("gate"; None: written nowhere)
     scope: str = "run"  # run: every stage and the artifact; eval: sources, evals and the gate, then reports;
-    # tune: a finished artifact's model and launch config (in place) and the tune stage, then its results
+    # tune, bench: a finished artifact's model and launch config (in place) and that stage, then its results;
+    # gate: a report's saved scores (in place) and the gate stage, then the re-judged report
 
     @property
     def errors(self) -> list[Problem]:

@@ -11,15 +11,14 @@ scored again, nor is an artifact's model whose stage the cache holds; stages tha
 through an endpoint always run, since what a server answers can change behind one URL.
 
 ``rejudge`` reads a report.json and judges its gates again, from the per-example
-score files it names, with other thresholds, by the gate stage's own verdict function
-(``stages.judge_pair``); written into another folder, the new report
-takes every file the old one names along (scores, plots, bench / tune / training files).
+score files it names, with other thresholds: the gate stage over those files read in place,
+run by the same runner; written into another folder, the new report takes every file the old
+one names along (scores, plots, bench / tune / training files).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -29,11 +28,11 @@ from llmopt.artifacts import reports
 from llmopt.scoring import gate
 from llmopt.errors import UsageError
 from llmopt.output import Output
-from llmopt.plan import build_plan, is_url
+from llmopt.plan import build_gate_plan, build_plan, is_url
 from llmopt.recipe import load_recipe
 from llmopt.recipe.schema import EvalItem
 from llmopt.run.runner import RunResult, run_plan
-from llmopt.plan.stages import GATE_FIELDS, GateSpec, judge_pair
+from llmopt.plan.stages import GATE_FIELDS, GateSpec
 
 GATE_KEYS = tuple(k for k in GATE_FIELDS if k not in ("name", "kind")) + ("interval",)
 
@@ -55,8 +54,11 @@ def evaluate(recipe: str | Path, overrides=(), model: str | Path | None = None, 
     return run_plan(plan, out, force)
 
 
-def rejudge(report_path: str | Path, settings: list[str] = (), output: str | Path | None = None) -> dict:
-    """The report's gates judged again on the same pairs, with ``settings`` (``[eval.]key=value``) applied."""
+def rejudge(report_path: str | Path, settings: list[str] = (), output: str | Path | None = None,
+            cache_dir: str | Path | None = None, out: Output | None = None) -> dict:
+    """The report's gates judged again on the same pairs, with ``settings`` (``[eval.]key=value``) applied: a
+    plan of the gate stage over the report's saved scores (``build_gate_plan``), which the one runner runs.
+    Returns the re-judged report; raises ``GateFailed`` (exit 3, with ``result``) when a gate fails."""
     report_path = Path(report_path)
     try:
         report = json.loads(report_path.read_text())
@@ -66,27 +68,8 @@ def rejudge(report_path: str | Path, settings: list[str] = (), output: str | Pat
         raise UsageError(f"{report_path} has schema_version {report.get('schema_version')!r}; "
                          f"this llmopt reads {reports.REPORT_SCHEMA}", fix="re-judge it with the llmopt that wrote it")
     changes = parse_settings(settings, [g["name"] for g in report.get("gates", [])])
-    gates = [judge_again(g, changes.get(g["name"], {}), report_path.parent) for g in report.get("gates", [])]
-    new = dict(report, gates=gates, passed=all(g["verdict"] != "fail" for g in gates))
-    if output is not None:
-        folder = Path(output)
-        copy_named_files(new, report_path.parent, folder)
-        reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates,
-                              report.get("bench"), report.get("tune"), report.get("training"))
-    return new
-
-
-def copy_named_files(report: dict, source: Path, folder: Path) -> None:
-    """The files ``report`` names (score files, plots, bench / tune / training files) copied from ``source`` to
-    ``folder``, so that the links of a report re-judged into another folder resolve. A name that leaves the
-    report's folder is not followed; one the original folder lacks stays missing, as it was there."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in reports.named_files(report):
-        src, dst = source / name, folder / name
-        if Path(name).is_absolute() or ".." in Path(name).parts or not src.is_file() or src.resolve() == dst.resolve():
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+    specs = [gate_spec(g, changes.get(g["name"], {}), report_path.parent) for g in report.get("gates", [])]
+    return run_plan(build_gate_plan(report_path, report, specs, output, cache_dir), out).report
 
 
 def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:
@@ -111,7 +94,8 @@ def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:
     return changes
 
 
-def judge_again(record: dict, change: dict, folder: Path) -> dict:
+def gate_spec(record: dict, change: dict, folder: Path) -> GateSpec:
+    """A report's gate record with ``change`` laid over its thresholds, checked: the gate stage's spec."""
     if "scores" not in record:
         raise UsageError(f"gate {record['name']!r} names no per-example score files",
                          fix="re-run `llmopt run` or `llmopt eval` with this llmopt to write a report that can be re-judged")
@@ -129,11 +113,4 @@ def judge_again(record: dict, change: dict, folder: Path) -> dict:
     if missing:
         raise UsageError(f"gate {record['name']!r}: score file {folder / missing[0]} is missing",
                          fix="keep the *.scores.jsonl files next to report.json (upload the whole reports folder)")
-    spec = GateSpec(**{k: getattr(item, k) for k in GATE_FIELDS}, interval=method, domain=record.get("domain"))
-    baseline = gate.read_scores(folder / record["scores"]["baseline"])
-    candidate = gate.read_scores(folder / record["scores"]["candidate"])
-    try:
-        judged = judge_pair(spec, record["metric"], baseline, candidate, record.get("higher_is_better", True))
-    except ValueError as exc:
-        raise UsageError(f"gate {record['name']!r}: {exc}", fix="use interval=bootstrap for scores that are not 0/1") from None
-    return dict(judged, scores=record["scores"])
+    return GateSpec(**{k: getattr(item, k) for k in GATE_FIELDS}, interval=method, domain=record.get("domain"))

@@ -80,11 +80,13 @@ class RunResult:
         }
 
 
-# what a plan's scope writes once its stages are done: the artifact, an eval's reports, a tune's or a bench's results
+# what a plan's scope writes once its stages are done: the artifact, an eval's reports, a tune's or a bench's
+# results, a re-judged report
 WRITERS = {"run": ("assembling the artifact", "artifact", artifact.assemble),
            "eval": ("writing the reports", "reports", artifact.write_reports),
            "tune": ("writing the tuning results", "tuning results", artifact.write_tuning),
-           "bench": ("writing the benchmark results", "benchmark results", artifact.write_bench)}
+           "bench": ("writing the benchmark results", "benchmark results", artifact.write_bench),
+           "gate": ("writing the re-judged report", "re-judged report", artifact.write_rejudged)}
 
 
 def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
@@ -137,8 +139,11 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     evals = {s.name: {k: manifests[s.name]["outputs"].get(k) for k in ("metric", "value", "n", "runtime")}
              for s in plan.kind("eval")}
     result = RunResult(plan, records, plan.output_dir, report["gates"], log_path, seconds, evals, report)
-    summary = plan.output_dir / "reports" / "report.md" if plan.scope == "run" else plan.output_dir / "report.md"
-    err = failure(result.gates, str(plan.recipe.path), str(summary))
+    if plan.output_dir is None:  # a report judged again and written nowhere
+        summary = "the reasons above"
+    else:
+        summary = str(plan.output_dir / "reports" / "report.md" if plan.scope == "run" else plan.output_dir / "report.md")
+    err = failure(result.gates, str(plan.recipe.path), summary)
     if err is not None:
         err.result = result
         raise err
