@@ -62,7 +62,9 @@ def test_eval_and_gate_run_nothing_that_run_finished(capsys, tiny_model, tmp_pat
     assert set(statuses(gated).values()) == {"cached"}, statuses(gated)
     assert gated["gates"] == [dict(g, scores=gated["gates"][0]["scores"]) for g in run["gates"]]
 
-    code, judged = call(capsys, "gate", str(tmp_path / "r2" / "report.json"))
+    # llmopt gate has no recipe: its cache is --cache-dir, else LLMOPT_CACHE, else the default
+    gate_flags = flags if how != "output.cache_dir" else ["--cache-dir", str(cache)]
+    code, judged = call(capsys, "gate", str(tmp_path / "r2" / "report.json"), *gate_flags)
     assert code == 0 and judged["gates"][0]["delta"] == run["gates"][0]["delta"]
     assert not (tmp_path / "other" / "stages").exists()
 

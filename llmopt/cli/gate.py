@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmopt.cli.app import FormatOpt, app, sink
+from llmopt.cli.app import CacheOpt, FormatOpt, app, sink
 
 
 SET_HELP = ("A gate setting: EVAL.KEY=VALUE, or KEY=VALUE for every gate; KEY is max_drop, max_rel_drop_pct, "
@@ -21,6 +21,7 @@ def gate(
     report: Annotated[Path, typer.Argument(help="report.json written by `llmopt run` or `llmopt eval`.", show_default=False)],
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help=SET_HELP)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help=OUTPUT_HELP)] = None,
+    cache_dir: CacheOpt = None,
     format: FormatOpt = "human",
 ) -> None:
     """Judge the gates of a report again, on the same paired examples, with other thresholds.
@@ -42,7 +43,7 @@ def gate(
 
     out = sink(format)
     try:
-        result = rejudge(report, set_ or [], output, out=out)
+        result = rejudge(report, set_ or [], output, cache_dir, out)
     except GateFailed as err:
         failed = getattr(err, "result", None)
         if failed is not None:
