@@ -106,6 +106,7 @@ def test_targets():
 
 def test_an_artifacts_bench_is_its_recipes_settings_with_the_commands_over_them(tmp_path):
     from llmopt.bench.stage import artifact_bench_options
+    from llmopt.errors import UsageError
     from llmopt.plan import is_artifact
     from llmopt.recipe.schema import Recipe
 
@@ -118,6 +119,10 @@ def test_an_artifacts_bench_is_its_recipes_settings_with_the_commands_over_them(
     assert (got.slo.ttft_p99_ms, got.slo.tpot_p99_ms) == (9, 2)
     assert (got.requests, got.warmup, got.repeats) == (3, 1, 2)  # [bench]'s, and the command's repeats
     assert got.load.concurrency == [1, 4] and got.load.endpoint == "chat" and got.load.engine == "auto"
+    with pytest.raises(UsageError, match=r"bench workload\.input_len"):  # said as for a URL's bench
+        artifact_bench_options(recipe, {"workload": {"input_len": 0}})
+    with pytest.raises(UsageError, match=r"bench options\.requests"):
+        artifact_bench_options(recipe, {"options": {"requests": 0}})
     bare = artifact_bench_options(Recipe.model_validate({"schema_version": 1, "name": "r", "model": {"source": "x"}}), {})
     assert bare.engine == "llmopt" and bare.load == BenchOptions() and bare.repeats == 3
     assert not is_artifact("http://h:1") and not is_artifact(tmp_path)

@@ -45,8 +45,8 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     from llmopt.store.cache import default_root
     from llmopt.libraries import require
 
-    workload, slo = _model(Workload, workload, "workload"), _model(SLO, slo, "slo")
-    options = _model(BenchOptions, options, "options")
+    workload, slo = checked(Workload, workload, "workload"), checked(SLO, slo, "slo")
+    options = checked(BenchOptions, options, "options")
     require("aiohttp", "bench", "llmopt bench")  # before a server is started
     out_dir, say = Path(out_dir), say or (lambda message: None)
     if is_url(target):
@@ -69,7 +69,7 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
         return measure(url, started, workload, slo, options, out_dir, say, vocab)
 
 
-def _model(cls, value, what: str):
+def checked(cls, value, what: str):
     """``value`` (a model, a dict or None) as ``cls``; a bad field is a usage error naming it."""
     from pydantic import ValidationError
 

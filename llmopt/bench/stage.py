@@ -68,7 +68,10 @@ def artifact_bench_options(recipe, given: dict) -> BenchStageOptions:
     """The bench stage of ``llmopt bench ARTIFACT``: what the artifact's recipe records ([serve].workload and
     .slo, [bench] requests, warmup, repeats and split) with the command's ``given`` settings laid over it
     (``workload``, ``slo``: fields of those tables; ``options``: BenchOptions' fields). An artifact without
-    [serve] is served by ``llmopt serve`` under the default workload."""
+    [serve] is served by ``llmopt serve`` under the default workload. A bad value is a usage error naming it,
+    as ``run_bench`` says it."""
+    from llmopt.bench.runner import checked
+
     serve, section = recipe.serve, recipe.bench
     options = dict(given.get("options") or {})
     fields = {"requests": section.requests, "warmup": section.warmup, "repeats": section.repeats,
@@ -76,8 +79,9 @@ def artifact_bench_options(recipe, given: dict) -> BenchStageOptions:
     fields.update({key: options.pop(key) for key in list(fields) if key in options})
     workload = (serve.workload if serve else Workload()).model_dump() | (given.get("workload") or {})
     slo = (serve.slo if serve else SLO()).model_dump() | (given.get("slo") or {})
-    return BenchStageOptions(engine=serve.backend if serve else "llmopt", workload=Workload(**workload),
-                             slo=SLO(**slo), load=BenchOptions(**options), **fields)
+    return checked(BenchStageOptions, {
+        "engine": serve.backend if serve else "llmopt", "workload": checked(Workload, workload, "workload"),
+        "slo": checked(SLO, slo, "slo"), "load": checked(BenchOptions, options, "options"), **fields}, "options")
 
 
 def plan_problems(loaded) -> list[Problem]:

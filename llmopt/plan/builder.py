@@ -118,16 +118,9 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
     if scope == "tune":
         builder.tune(deploy, model)
     else:
-        from pydantic import ValidationError
-
         from llmopt.bench.stage import artifact_bench_options
 
-        try:
-            options = artifact_bench_options(loaded.recipe, bench or {})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise UsageError(f"bench {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
-                             fix="see llmopt bench --help") from None
+        options = artifact_bench_options(loaded.recipe, bench or {})
         inputs = {"model": model.name, **({"deploy": deploy.name} if deploy is not None else {})}
         builder.add(Stage("bench", "bench", options.engine, ("bench",), options, inputs, volatile=True))
     assign_keys(builder.stages)
@@ -182,7 +175,7 @@ def is_artifact(target: str | Path) -> bool:
 
 def artifact_manifest(folder: Path) -> dict:
     """An artifact folder's manifest.json, or a UsageError saying the folder is not an artifact."""
-    if not (folder / "manifest.json").is_file() or not (folder / "model").is_dir():
+    if not is_artifact(folder):
         raise UsageError(f"{folder} is not an artifact (no manifest.json and model/)",
                          fix="pass the folder `llmopt run` wrote (artifacts/<name>)")
     try:
