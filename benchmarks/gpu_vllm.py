@@ -7,10 +7,12 @@ versions and the progress log, and leaves out ``requests.jsonl`` (megabytes a va
 
     python3 benchmarks/gpu_vllm.py summarize DIR --out docs/runs/vllm-h200-serving.json
     python3 benchmarks/gpu_vllm.py merge docs/runs/vllm-h200-serving.json DIR   # a later run's variants
+    python3 benchmarks/gpu_vllm.py merge --beside docs/runs/vllm-h200-serving.json DIR   # more points
     python3 benchmarks/gpu_vllm.py table docs/runs/vllm-h200-serving.json
 
 ``merge`` adds the variants of a later run (one with a report) to a record, replacing those of the same
-name, and keeps that run's machine and progress log under ``later_runs``.
+name (or, with ``--beside``, beside them), and keeps that run's machine and progress log under
+``later_runs``; a variant the later run did not measure never replaces one that was.
 """
 
 from __future__ import annotations
@@ -58,12 +60,23 @@ def summarize(folder: Path) -> dict:
     return {"env": _read(folder / "env.json"), "progress": progress, "variants": variants}
 
 
-def merge(record: dict, folder: Path) -> dict:
-    """``record`` with the variants of the run unpacked in ``folder`` (those ``llmopt run`` reported on)."""
+def merge(record: dict, folder: Path, beside: bool = False) -> dict:
+    """``record`` with the variants of the run unpacked in ``folder`` (those ``llmopt run`` reported on).
+
+    A later variant replaces the earlier one of its name, unless it has no bench (a run cut short): then the
+    measured one stays. With ``beside``, a later variant is kept beside the earlier one of its name
+    instead, marked with its run (``later_run``: 1 for the first of ``later_runs``), as for more points
+    measured on another machine.
+    """
     later = summarize(folder)
-    new = [v for v in later["variants"] if v["recipe"]]
+    kept = {v["variant"] for v in record["variants"]}
+    new = [v for v in later["variants"] if v["recipe"] and (v["bench"] or v["variant"] not in kept)]
+    run = len(record.get("later_runs", [])) + 1
     names = {v["variant"] for v in new}
-    variants = [v for v in record["variants"] if v["variant"] not in names] + new
+    if beside:
+        variants = record["variants"] + [v | {"later_run": run} for v in new]
+    else:
+        variants = [v for v in record["variants"] if v["variant"] not in names] + new
     runs = record.get("later_runs", []) + [{"env": later["env"], "progress": later["progress"],
                                             "variants": sorted(names)}]
     return record | {"variants": variants, "later_runs": runs}
@@ -76,22 +89,23 @@ def _pct(delta, ci) -> str:
 
 
 def table(record: dict) -> str:
-    rows = ["| artifact | prose ppl delta (95% CI), gate | c | req/s | output tok/s | TTFT p50 / p99 ms "
-            "| TPOT p50 / p99 ms | ITL p50 / p99 ms | goodput req/s (share) | repeats |",
+    rows = [("| artifact | prose ppl delta (95% CI), gate | c | req/s | output tok/s | TTFT p50 / p99 ms "
+             "| TPOT p50 / p99 ms | ITL p50 / p99 ms | goodput req/s (share) | repeats |"),
             "|---|---|---|---|---|---|---|---|---|---|"]
     for v in record["variants"]:
+        name = f"{v['variant']} (later run {v['later_run']})" if v.get("later_run") else v["variant"]
         gate = v["gates"][0] if v["gates"] else {}
         accuracy = f"{_pct(gate.get('delta'), gate.get('ci'))}, {gate.get('verdict', '-')}"
         bench = v["bench"]
         if not bench:
-            rows.append(f"| {v['variant']} | {accuracy} | not measured | | | | | | | |")
+            rows.append(f"| {name} | {accuracy} | not measured | | | | | | | |")
             continue
         for point in bench["points"]:
-            def pair(key):
+            def pair(key, point=point):
                 d = point.get(key) or {}
                 return f"{d.get('p50', 0):.1f} / {d.get('p99', 0):.1f}"
             good = point["goodput"]
-            rows.append(f"| {v['variant']} | {accuracy} | {point['load']['value']:g} | {point['request_throughput']:.2f} "
+            rows.append(f"| {name} | {accuracy} | {point['load']['value']:g} | {point['request_throughput']:.2f} "
                         f"| {point['output_throughput']:.0f} | {pair('ttft_ms')} | {pair('tpot_ms')} | {pair('itl_ms')} "
                         f"| {good['requests_per_s']:.2f} ({good['fraction']:.0%}) | {bench['options']['repeats']} |")
     return "\n".join(rows)
@@ -106,6 +120,7 @@ def main() -> None:
     m = sub.add_parser("merge")
     m.add_argument("record", type=Path)
     m.add_argument("folder", type=Path)
+    m.add_argument("--beside", action="store_true", help="keep a later variant beside the earlier one of its name")
     t = sub.add_parser("table")
     t.add_argument("record", type=Path)
     args = parser.parse_args()
@@ -116,7 +131,7 @@ def main() -> None:
         else:
             print(text)
     elif args.command == "merge":
-        args.record.write_text(json.dumps(merge(json.loads(args.record.read_text()), args.folder), indent=1) + "\n")
+        args.record.write_text(json.dumps(merge(json.loads(args.record.read_text()), args.folder, args.beside), indent=1) + "\n")
     else:
         print(table(json.loads(args.record.read_text())))
 
