@@ -87,6 +87,25 @@ def test_candidates_never_start_below_the_prediction():
     assert spaces.candidates(slots, 1, 1, cpus=2) == [1]  # one request in flight: a second slot would idle
 
 
+def test_a_sequence_limit_above_the_requests_in_flight_is_not_tried(tmp_path):
+    """As on a live vLLM at 256 users of 2,048-token prompts: max-num-seqs 2,048 and 4,096 cannot run more
+    than the 256 in flight that 1,024 already runs at once, and their trials (about two minutes each on an
+    H200) measured only the spread between engine starts. A token budget has no such bound."""
+    seqs = spaces.Param("p", "yaml", "f", "p", "seqs")
+    assert spaces.candidates(seqs, 1024, 256) == [1024]
+    assert spaces.candidates(seqs, 64, 100) == [64, 128]  # the first limit that holds every request, no more
+    assert spaces.candidates(seqs, 256, 2000) == [256, 512, 1024]
+    folder = tmp_path / "vllm"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("max-num-seqs: 1024\nmax-num-batched-tokens: 8192\n")
+    grid = spaces.grid("vllm", folder, 256)
+    assert "max-num-seqs" not in grid and grid["max-num-batched-tokens"] == [8192, 16384, 32768]
+    assert spaces.grid("vllm", folder, 1500)["max-num-seqs"] == [1024, 2048]
+    # a space the recipe names is searched as given
+    assert spaces.grid("vllm", folder, 256, {"max-num-seqs": [1024, 4096]})["max-num-seqs"] == [1024, 4096]
+    assert [p.grows for p in spaces.space("trtllm")][0] == [p.grows for p in spaces.space("sglang")][0] == "seqs"
+
+
 def test_apply_keeps_comments_and_appends_flags(tmp_path):
     folder = tmp_path / "deploy"
     folder.mkdir()
@@ -190,18 +209,22 @@ def test_tune_stage_finds_the_setting_the_simulator_makes_best(tmp_path, tiny_mo
     predicted = predicted_vllm(tmp_path, tiny_model)
     assert [s.name for s in predicted.stages] == ["source", "deploy.vllm", "tune"]
     kv = predicted.estimates["kv_cache"]
-    # best: twice the predicted sequences, the predicted token budget (llmopt's candidates: x1, x2, x4)
-    best = {"max-num-seqs": kv["max_num_seqs"] * 2, "max-num-batched-tokens": kv["max_num_batched_tokens"]}
+    # best: twice the predicted token budget (llmopt's candidates: x1, x2, x4); the predicted sequences, since
+    # more cannot run more of the 2 requests in flight (max-num-seqs is not searched)
+    best = {"max-num-seqs": kv["max_num_seqs"], "max-num-batched-tokens": kv["max_num_batched_tokens"] * 2}
     children = put_sim(tmp_path, monkeypatch, best=best)
     art = tmp_path / "art"
     result = api.run(tune_recipe(tmp_path, tiny_model, space="space = { gpu-memory-utilization = [0.92] }"),
                      output_dir=art)
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["simulated"] is True and tuning["tuned"] is True
-    assert tuning["default"]["max-num-seqs"] == kv["max_num_seqs"]
-    assert {k: tuning["winner"][k] for k in best} == best and tuning["gain"] > 1 + MIN_GAIN
+    assert tuning["default"]["max-num-batched-tokens"] == kv["max_num_batched_tokens"]
+    assert "max-num-seqs" not in tuning["default"]
+    assert tuning["winner"]["max-num-batched-tokens"] == best["max-num-batched-tokens"]
+    assert tuning["gain"] > 1 + MIN_GAIN
     assert all(t["simulated"] for t in tuning["trials"]) and len(tuning["trials"]) <= 8 + 2
     config = (art / "deploy" / "vllm" / "config.yaml").read_text()
+    assert f"max-num-batched-tokens: {best['max-num-batched-tokens']}\n" in config
     assert f"max-num-seqs: {best['max-num-seqs']}\n" in config and "simulated" in config.splitlines()[0]
     assert "simulated" in (art / "deploy" / "vllm" / "launch.sh").read_text().splitlines()[1]
     manifest = json.loads((art / "manifest.json").read_text())
@@ -217,7 +240,7 @@ def test_tune_stage_finds_the_setting_the_simulator_makes_best(tmp_path, tiny_mo
     res = run_cli("tune", str(art), "--max-trials", "2", "--repeats", "0", "-o", str(out), "--format", "json")
     assert res.returncode == 0, res.stderr
     again = load_json(res.stdout)
-    assert again["default"]["max-num-seqs"] == best["max-num-seqs"] and again["simulated"] is True
+    assert again["default"]["max-num-batched-tokens"] == best["max-num-batched-tokens"] and again["simulated"] is True
     assert len([t for t in again["trials"] if t["round"] == "search"]) == 2 and (out / "tuning.json").is_file()
     assert (out / "deploy" / "config.yaml").is_file() and (out / "run.log").is_file()
     assert nothing_left(children, isolated_cache)
@@ -252,9 +275,9 @@ def test_space_naming_an_unknown_parameter_is_a_plan_error(tmp_path, tiny_model)
 def test_crashed_and_hung_trials_are_failed_and_stopped(tmp_path, tiny_model, monkeypatch, isolated_cache):
     """A candidate that runs out of memory at start-up, and one that never answers: both recorded as failed,
     their servers stopped, and the search goes on."""
-    children = put_sim(tmp_path, monkeypatch, oom_above=0.93, hang=json.dumps({"max-num-seqs": "2048"}))
+    children = put_sim(tmp_path, monkeypatch, oom_above=0.93, hang=json.dumps({"max-num-batched-tokens": "16384"}))
     recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
-                         space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92, 0.95] }\n"
+                         space="space = { max-num-batched-tokens = [8192, 16384], gpu-memory-utilization = [0.92, 0.95] }\n"
                          "startup_timeout_s = 5")
     art = tmp_path / "art"
     api.run(recipe, output_dir=art)
@@ -279,8 +302,7 @@ def finished_trials(cache: Path) -> list[Path]:
 
 def test_kill_9_then_resume_without_repeating_finished_trials(tmp_path, tiny_model, monkeypatch, isolated_cache):
     children = put_sim(tmp_path, monkeypatch, itl_ms=40)
-    recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0,
-                         space="space = { max-num-batched-tokens = [8192], gpu-memory-utilization = [0.92] }")
+    recipe = tune_recipe(tmp_path, tiny_model, trials=4, repeats=0, space="space = { gpu-memory-utilization = [0.92] }")
     proc = start_run(recipe, tmp_path / "art")
     wait_for(lambda: len(finished_trials(isolated_cache)) >= 2 and list(engine.pid_dir(isolated_cache).glob("*.json")),
              timeout=120)
@@ -349,13 +371,14 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
 
 
 def test_trtllm_search_writes_its_yaml_keys(tmp_path, tiny_model, monkeypatch, isolated_cache):
-    """TensorRT-LLM's space: max_batch_size in config.yaml, the KV fraction under kv_cache_config."""
+    """TensorRT-LLM's space: max_batch_size in config.yaml, the KV fraction under kv_cache_config. The recipe
+    names the batch sizes, so they are searched although the workload's 2 requests fit the prediction."""
     plan = api.plan(tune_recipe(tmp_path, tiny_model, backend="trtllm"))
     batch = plan.estimates["kv_cache"]["max_num_seqs"]
     children = put_sim(tmp_path, monkeypatch, "trtllm", best={"max_batch_size": batch * 4,
                                                                "free_gpu_memory_fraction": 0.95})
-    recipe = tune_recipe(tmp_path, tiny_model, backend="trtllm", trials=5, repeats=0, ttft=5000,
-                         space="space = { max_num_tokens = [8192] }")  # every trial within the SLO
+    recipe = tune_recipe(tmp_path, tiny_model, backend="trtllm", trials=5, repeats=0, ttft=5000,  # all within it
+                         space=f"space = {{ max_batch_size = [{batch}, {batch * 4}], max_num_tokens = [8192] }}")
     art = tmp_path / "art"
     api.run(recipe, output_dir=art)
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())

@@ -4,9 +4,13 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
 ``deploy/<engine>/`` that holds it (``config.yaml``, ``genai_config.json``, or an argument of
 ``launch.sh``'s command) and how its candidates grow from the value the deploy stage predicted:
 
-* ``size`` (a batch or token budget): the prediction, x2 and x4. The memory model already fitted the
+* ``size`` (a token budget a step): the prediction, x2 and x4. The memory model already fitted the
   prediction to the KV cache and the SLO, and starts from the engine's own defaults
   (``llmopt.catalog.engines``), so a search never goes below it;
+* ``seqs`` (how many sequences a step may hold): as ``size``, but no value past the first that holds the
+  workload's concurrency: a limit above the requests in flight cannot change how many run at once, so
+  such a trial measures only an engine start's noise (on a live vLLM at 256 users, max-num-seqs 1,024,
+  2,048 and 4,096 ran alike but for the spread between starts, docs/benchmarks.md);
 * ``fraction`` (the memory share the engine may take): the prediction, +0.03 and 0.95, never above 0.95;
 * ``graph`` (vLLM's largest CUDA-graph batch, ``max-cudagraph-capture-size``): the prediction (vLLM's
   own when the config names none: twice max-num-seqs, at most 512 below Blackwell, vllm/config/vllm.py
@@ -55,24 +59,24 @@ class Param:
     where: str  # yaml | json | arg
     file: str  # the file of deploy/<engine>/ that holds it
     key: str  # a dotted path in the file, or the command-line flag (arg)
-    grows: str  # size | fraction | graph | threads | slots | queue
+    grows: str  # size | seqs | fraction | graph | threads | slots | queue
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
     shares: str | None = None  # a parameter that splits the cores with this one: it moves to cores // this
 
 
 VLLM, TRTLLM = ENGINE_DEFAULTS["vllm"], ENGINE_DEFAULTS["trtllm"]  # the pinned engines' own defaults
 SPACES: dict[str, tuple[Param, ...]] = {
-    "vllm": (Param("max-num-seqs", "yaml", "config.yaml", "max-num-seqs", "size"),
+    "vllm": (Param("max-num-seqs", "yaml", "config.yaml", "max-num-seqs", "seqs"),
              Param("max-num-batched-tokens", "yaml", "config.yaml", "max-num-batched-tokens", "size"),
              Param("gpu-memory-utilization", "yaml", "config.yaml", "gpu-memory-utilization", "fraction",
                    VLLM["gpu_memory_utilization"]),
              Param("max-cudagraph-capture-size", "yaml", "config.yaml", "max-cudagraph-capture-size", "graph")),
-    "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "size", TRTLLM["max_num_seqs"]),
+    "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "seqs", TRTLLM["max_num_seqs"]),
                Param("max_num_tokens", "yaml", "config.yaml", "max_num_tokens", "size",
                      TRTLLM["max_num_batched_tokens"]),
                Param("free_gpu_memory_fraction", "yaml", "config.yaml", "kv_cache_config.free_gpu_memory_fraction",
                      "fraction", TRTLLM["free_gpu_memory_fraction"])),
-    "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "size"),
+    "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "seqs"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
                Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
     "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1, shares="intra_op_num_threads"),
@@ -99,6 +103,13 @@ def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = No
     """The values a search tries for ``param`` whose predicted value is ``value``, the prediction first."""
     if param.grows == "size":
         return [] if value is None else [int(value), int(value) * 2, int(value) * 4]
+    if param.grows == "seqs":
+        out = []
+        for size in ([] if value is None else [int(value), int(value) * 2, int(value) * 4]):
+            out.append(size)
+            if size >= concurrency:  # every request in flight runs at once already
+                break
+        return out
     if param.grows == "fraction":
         if value is None:
             return []
