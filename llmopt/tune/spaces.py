@@ -9,8 +9,8 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   (``llmopt.catalog.engines``), so a search never goes below it;
 * ``seqs`` (how many sequences a step may hold): as ``size``, but no value past the first that holds the
   workload's concurrency: a limit above the requests in flight cannot change how many run at once, so
-  such a trial measures only an engine start's noise (on a live vLLM at 256 users, max-num-seqs 1,024,
-  2,048 and 4,096 ran alike but for the spread between starts, docs/benchmarks.md);
+  such a trial spends an engine start for nothing (on a live vLLM at 256 users, max-num-seqs 2,048 gained
+  nothing on 1,024 and 4,096 measured 24% less, one run each, docs/benchmarks.md);
 * ``fraction`` (the memory share the engine may take): the prediction, +0.03 and 0.95, never above 0.95;
 * ``graph`` (vLLM's largest CUDA-graph batch, ``max-cudagraph-capture-size``): the prediction (vLLM's
   own when the config names none: twice max-num-seqs, at most 512 below Blackwell, vllm/config/vllm.py
