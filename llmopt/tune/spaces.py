@@ -101,15 +101,11 @@ def predicted(folder: Path, engine: str) -> dict[str, Any]:
 
 def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = None) -> list[Any]:
     """The values a search tries for ``param`` whose predicted value is ``value``, the prediction first."""
-    if param.grows == "size":
-        return [] if value is None else [int(value), int(value) * 2, int(value) * 4]
-    if param.grows == "seqs":
-        out = []
-        for size in ([] if value is None else [int(value), int(value) * 2, int(value) * 4]):
-            out.append(size)
-            if size >= concurrency:  # every request in flight runs at once already
-                break
-        return out
+    if param.grows in ("size", "seqs"):
+        sizes = [] if value is None else [int(value), int(value) * 2, int(value) * 4]
+        if param.grows == "seqs":  # none past the first that runs every request in flight at once
+            sizes = sizes[:next((i + 1 for i, size in enumerate(sizes) if size >= concurrency), len(sizes))]
+        return sizes
     if param.grows == "fraction":
         if value is None:
             return []
