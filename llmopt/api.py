@@ -44,8 +44,11 @@ def validation(path: str | Path, overrides=()) -> Validation:
     """Every check that needs no model facts: the recipe's keys, types, catalogue names and backend
     options, each backend's plan-time check and the rules across stages, with the model unread (no
     config.json, weights or hub). Raises RecipeError listing every problem found."""
+    from llmopt.sweep.variants import axis_problems
+
     loaded = load_recipe(path, overrides)
     the_plan = build_plan(loaded, facts=False)
+    the_plan.problems += axis_problems(loaded, overrides, facts=False)
     if the_plan.errors:
         count = len(the_plan.errors)
         raise RecipeError(f"{loaded.path}: {count} problem{'s' if count > 1 else ''} in the recipe",
@@ -61,12 +64,19 @@ def validate(path: str | Path, overrides=()) -> LoadedRecipe:
 
 
 def plan(path: str | Path, overrides=(), cache_dir=None, output_dir=None, strict: bool = False) -> Plan:
-    return build_plan(load_recipe(path, overrides), cache_dir, output_dir, strict=strict)
+    """The recipe's plan; a recipe with [sweep.axes] also has each variant's problems (``axis_problems``)."""
+    from llmopt.sweep.variants import axis_problems
+
+    loaded = load_recipe(path, overrides)
+    the_plan = build_plan(loaded, cache_dir, output_dir, strict=strict)
+    the_plan.problems += axis_problems(loaded, overrides, cache_dir, strict=strict)
+    return the_plan
 
 
 def run(path: str | Path, overrides=(), force=None, cache_dir=None, output_dir=None, out: Output | None = None,
         strict: bool = False) -> RunResult:
-    return run_plan(plan(path, overrides, cache_dir, output_dir, strict), out, force)
+    # `llmopt run` builds the recipe as written: its [sweep] is `llmopt sweep`'s, and not planned here
+    return run_plan(build_plan(load_recipe(path, overrides), cache_dir, output_dir, strict=strict), out, force)
 
 
 def sweep_plan(path: str | Path, overrides=(), axes=(), cache_dir=None, output_dir=None, strict: bool = False):

@@ -137,3 +137,43 @@ def test_every_shipped_recipe_validates_without_reading_its_model():
         carried = item["name"] == "gguf-onnx-cpu"
         reads = [(e, a) for e, a in model_reads(events) if not (carried and a.endswith(".gguf"))]
         assert reads == [], item["name"]
+
+
+BROKEN_AXES = """schema_version = 1
+name = "broken-axes"
+[model]
+source = "org/model"
+[calibration]
+samples = 4
+[[compress]]
+method = "gptq"
+[[eval]]
+name = "prose"
+kind = "perplexity"
+data = "builtin:prose-eval"
+max_increase_pct = 30
+[sweep.axes]
+"compress[0]" = [{ method = "gptq" }, { method = "gptqq" }, { method = "awq", n_gird = 10 }, { method = "rtn", bits = "four" }]
+"""
+
+
+def test_validate_and_plan_check_every_variant_of_a_sweep(tmp_path, capsys):
+    """Issue 37: `llmopt validate` answered "valid" for a sweep whose axes held an unknown method, an unknown
+    key and a wrong type; only `llmopt sweep --dry-run` found them. Both now exit 2 naming variant and key."""
+    path = write_recipe(tmp_path, BROKEN_AXES)
+    assert main(["validate", str(path), "-f", "json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    found = [(p["where"], p["message"]) for p in error["problems"]]
+    assert [where.split(":")[0] for where, _ in found] == ["variant gptqq", "variant awq", "variant rtn"]
+    assert 'variant gptqq: sweep axis compress[0]={method = "gptqq"}: compress[0].method' == found[0][0]
+    assert "unknown compress backend 'gptqq'; did you mean 'gptq'?" in found[0][1]
+    assert found[1][0].endswith("compress[0].n_gird") and "unknown key 'n_gird'" in found[1][1]
+    assert found[2][0].endswith("compress[0].bits") and "valid integer" in found[2][1]
+    assert "variant gptqq" in error["what"] or "3 problems" in error["what"]
+    assert main(["plan", str(path), "--offline", "-f", "json"]) == 2
+    assert [p["where"].split(":")[0] for p in json.loads(capsys.readouterr().out)["error"]["problems"]
+            if p["severity"] == "error"] == ["variant gptqq", "variant awq", "variant rtn"]
+    # the same recipe with its axes mended is valid
+    mended = BROKEN_AXES.replace('"gptqq"', '"gptq", group_size = 32').replace("n_gird", "n_grid").replace('"four"', "4")
+    assert main(["validate", str(write_recipe(tmp_path, mended, "mended.toml")), "-f", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["valid"] is True

@@ -15,6 +15,8 @@ def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, out
 
     Reads config.json (or the GGUF header) only, never the weights; for a hub model, one request to
     the hub. Exits 2 when a check fails, or when the hub cannot be reached (--offline plans without it).
+    A recipe with [sweep.axes] also has each variant planned: one the recipe's schema refuses is an
+    error, one the planner refuses a warning (`llmopt sweep` skips it; an error with --strict).
 
     Examples:
 

@@ -9,6 +9,9 @@ from llmopt.cli.app import FormatOpt, RecipeArg, SetOpt, app, sink
 def validate(recipe: RecipeArg, set_: SetOpt = None, format: FormatOpt = "human") -> None:
     """Check a recipe without its model: syntax, keys, types, catalogue names, backend options, each
     backend's plan-time checks and the rules across stages; report every problem at once (exit 2).
+    A recipe with [sweep.axes] is checked whole: each variant the axes make is loaded and checked too,
+    and one with an unknown method or key, or a value of the wrong type, is a problem naming the
+    variant and the axis.
 
     Reads no config.json, weights or hub: the checks that need model facts are listed as not run
     (`llmopt plan` runs them).

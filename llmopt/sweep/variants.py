@@ -181,13 +181,9 @@ def plan_sweep(path: Path, overrides=(), cli_axes=(), cache_dir=None, folder=Non
     axes = axes_of(base.recipe.sweep, list(cli_axes))
     accuracy = accuracy_eval(base, settings)
     folder = Path(folder or Path("sweeps") / base.recipe.name)
-    combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
-    variants = []
-    for index, (vid, values) in enumerate(zip(variant_ids(combos), combos), 1):
-        specs = [f"{key}={toml_literal(value)}" for key, value in values.items()]
-        variant = Variant(index, vid, values, [*overrides, *specs])
-        plan_variant(variant, text, path, specs, cache_dir, folder / "variants" / vid, strict)
-        variants.append(variant)
+    variants = expand(axes, overrides)
+    for variant in variants:
+        plan_variant(variant, text, path, cache_dir, folder / "variants" / variant.id, strict)
     cache = resolve_cache(cache_dir, base)
     keys = {k for v in variants for k in v.keys}
     the_plan = SweepPlan(base, text, settings, axes, list(overrides), variants, cache, folder, accuracy,
@@ -198,18 +194,51 @@ def plan_sweep(path: Path, overrides=(), cli_axes=(), cache_dir=None, folder=Non
     return the_plan
 
 
-def plan_variant(variant: Variant, text: str, path: Path, specs: list[str], cache_dir, out: Path, strict: bool) -> None:
-    """Load and plan one variant; what the loader or the planner refuses becomes its problems."""
+def expand(axes: dict[str, list[Any]], overrides=()) -> list[Variant]:
+    """One variant per combination of the axes' values, in the order of their product, not yet planned."""
+    combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    return [Variant(index, vid, values, [*overrides, *axis_specs(values)])
+            for index, (vid, values) in enumerate(zip(variant_ids(combos), combos), 1)]
+
+
+def axis_specs(values: dict[str, Any]) -> list[str]:
+    return [f"{key}={toml_literal(value)}" for key, value in values.items()]
+
+
+def plan_variant(variant: Variant, text: str, path: Path, cache_dir, out: Path | None, strict: bool,
+                 facts: bool = True) -> None:
+    """Load and plan one variant; what the loader or the planner refuses becomes its problems (a variant
+    the loader refuses has no plan)."""
     try:
         loaded = parse_recipe(text, path, variant.overrides)
-        variant.plan = build_plan(loaded, cache_dir, out, strict=strict)
+        variant.plan = build_plan(loaded, cache_dir, out, strict=strict, facts=facts)
         problems = variant.plan.errors
     except LlmoptError as exc:  # the loader's problems, or an override that names no key
         problems = exc.problems or [Problem(exc.what, exc.where, exc.fix)]
     for problem in problems:  # an axis is not a command-line -s: say where the value came from
-        for spec in specs:
+        for spec in axis_specs(variant.values):
             problem.where = problem.where.replace(f"-s {spec} (command line)", f"sweep axis {spec}")
     variant.problems = list(problems)
+
+
+def axis_problems(loaded: LoadedRecipe, overrides=(), cache_dir=None, facts: bool = True,
+                  strict: bool = False) -> list[Problem]:
+    """What `llmopt validate` and `llmopt plan` say of a recipe's [sweep.axes], each problem named by its variant
+    and axis: a variant the loader refuses (an unknown method or key, a value of the wrong type) is an error,
+    as it is in `llmopt sweep`; one the planner refuses is a warning, since `llmopt sweep` skips it (an error
+    with ``strict``, as `llmopt sweep --strict` refuses it)."""
+    axes = axes_of(loaded.recipe.sweep, [])
+    if not axes:
+        return []
+    text = loaded.path.read_text(encoding="utf-8")
+    found = []
+    for variant in expand(axes, overrides):
+        plan_variant(variant, text, loaded.path, cache_dir, None, strict, facts)
+        severity = "error" if variant.plan is None or strict else "warning"
+        skipped = "" if severity == "error" else " (`llmopt sweep` skips this variant)"
+        found += [Problem(p.message + skipped, f"variant {variant.id}: {p.where}", p.hint, severity)
+                  for p in variant.problems]
+    return found
 
 
 def refuse(the_plan: SweepPlan, strict: bool) -> None:
