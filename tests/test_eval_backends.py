@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,7 +13,7 @@ from llmopt.run import evaluate
 from llmopt.backends.eval.generation import GenerationOptions, cut, is_correct, normalise
 from llmopt.backends.eval.multiple_choice import MultipleChoiceOptions, context_of, example_row
 
-from conftest import DATA, write_recipe
+from conftest import DATA, train_tokenizer, write_recipe
 
 
 def recipe_for(model: Path, evals: str) -> str:
@@ -122,3 +123,26 @@ def test_perplexity_matches_plain_transformers(tiny_model, tmp_path):
     print(f"llmopt perplexity {ours:.4f}, transformers loss {theirs:.4f}")
     assert ours == pytest.approx(theirs, rel=0.005)
     assert result.report["evals"]["eval.prose"]["n"] == 6
+
+
+def test_a_prompt_starts_with_bos_where_the_tokenizer_puts_one(tmp_path):
+    """Issue 37: prompts follow the tokenizer's own rule (lm-eval's and vLLM's), with an option for either other."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    from llmopt.runtimes import hf_adds_bos
+    from llmopt.scoring.evalkit import encode_prompt
+
+    train_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert not hf_adds_bos(tok)  # a byte-level BPE as SmolLM2's and GPT-2's: no BOS of its own
+    tok._tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
+    assert hf_adds_bos(tok)  # as Llama's
+
+    def model(adds_bos):
+        return SimpleNamespace(adds_bos=adds_bos, encode=lambda text, bos: ([1] if bos else []) + [7])
+
+    assert encode_prompt(model(False), "Q") == [7] and encode_prompt(model(True), "Q") == [1, 7]
+    assert encode_prompt(model(False), "Q", bos="always") == [1, 7] and encode_prompt(model(True), "Q", bos="never") == [7]
+    chat = SimpleNamespace(bos_token="<s>")  # a chat-formatted text that starts with BOS gets no second one
+    assert encode_prompt(model(True), "<s>user", chat) == [7] and encode_prompt(model(True), "<s>user", chat, "always") == [7]

@@ -65,6 +65,12 @@ max_drop = 0.5
 name = "mine"
 kind = "multiple_choice"
 limit = 20
+
+[[eval]]
+name = "with-bos"
+kind = "multiple_choice"
+limit = 20
+bos = "always"
 """
     recipe = write_recipe(tmp_path, body)
     result = evaluate.evaluate(recipe, candidate=tiny_model, output=tmp_path / "r")
@@ -73,6 +79,12 @@ limit = 20
     assert [r["id"] for r in theirs] == [f"tiny_mc/{i}" for i in range(20)]
     # same prompt, same continuations, same argmax of log-likelihood: the same answers
     assert [r["score"] for r in theirs] == [float(r["score"]) for r in ours]
+    # issue 37: each choice's log-likelihood is lm-eval's, not only the pick: no BOS before the context, since
+    # this tokenizer (as SmolLM2's) puts none there; with one, the figures differ (the 0.775 against 0.85 seen)
+    for mine, lm in zip(ours, theirs):
+        assert mine["loglik"] == pytest.approx(lm["loglik"], abs=2e-4), mine["id"]
+    with_bos = rows(tmp_path / "r" / "eval.with-bos.baseline.scores.jsonl")
+    assert all(row["loglik"] != pytest.approx(lm["loglik"], abs=2e-4) for row, lm in zip(with_bos, theirs))
     tiny = next(g for g in result.gates if g["name"] == "tiny")
     assert tiny["n"] == 20 and tiny["verdict"] == "pass" and tiny["method"] == "score"
     outputs = result.report["evals"]["eval.tiny.baseline"]

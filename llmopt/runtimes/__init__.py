@@ -6,6 +6,9 @@ behind an HTTP endpoint:
 
 * ``name``: the runtime's name;
 * ``encode(text, bos=True) -> list[int]`` and ``decode(ids) -> str``;
+* ``adds_bos``: whether the model's tokenizer, encoding text its own way, puts the BOS
+  token first (SmolLM2's and GPT-2's do not, Llama's do): the eval backends follow it
+  unless told otherwise, as lm-eval and vLLM do;
 * ``nll(sequences, scored) -> list[float]``: summed negative log-likelihood of the
   last ``scored[i]`` tokens of each token sequence;
 * ``generate(prompt_ids, max_new_tokens, stop_ids=None) -> list[int]``: greedy.
@@ -46,6 +49,12 @@ RUNTIMES = {
     "modelopt": "llmopt.runtimes.modelopt:ModelOptRuntime",
 }
 FORMAT_RUNTIME = {"hf": "transformers", "onnx": "onnxruntime", "modelopt": "modelopt"}
+
+
+def hf_adds_bos(tokenizer) -> bool:
+    """Whether a Hugging Face tokenizer's own encoding of a text (special tokens added) starts with its BOS."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
 
 
 def runtime_class(name: str):

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from llmopt.libraries import require
+from llmopt.runtimes import hf_adds_bos
 from llmopt.errors import StageFailed
 
 LOGPROB_FIX = ("serve the model with an engine whose completions API echoes prompt log-probabilities "
@@ -81,6 +82,7 @@ class EndpointRuntime:
         if model_dir is None:
             raise StageFailed("the endpoint runtime needs a tokenizer folder", fix="pass the model folder the endpoint serves")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        self.adds_bos = hf_adds_bos(self.tokenizer)
         self.model = served_model or self._served_model()
         self._echo_tokens = 0  # max_tokens used with echo; becomes 1 when the server refuses 0
 

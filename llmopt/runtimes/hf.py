@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from llmopt.libraries import require
+from llmopt.runtimes import hf_adds_bos
 
 
 class TransformersRuntime:
@@ -23,6 +24,7 @@ class TransformersRuntime:
         self.torch = torch
         self.device = device
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        self.adds_bos = hf_adds_bos(self.tokenizer)
         # float32 on CPU (bf16 matmuls are slow there and less exact); bf16 on GPU
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         self.model = transformers.AutoModelForCausalLM.from_pretrained(

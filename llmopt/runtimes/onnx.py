@@ -94,6 +94,7 @@ class OnnxRuntime:
         self.bos_id = hf_bos_id(self.model_dir)
         self.special_ids = special_ids(self.model_dir)
         self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
+        self.adds_bos = self.bos_id is not None and self._added[:1] == [self.bos_id]
         self.context_length = int(self.config.get("context_length") or 0) or None
 
     def _load(self, filename: str | None = None):

@@ -19,6 +19,9 @@ from llmopt.errors import Problem, StageFailed
 Runtime = Literal["auto", "transformers", "endpoint", "onnxruntime"]
 RUNTIME_HELP = ("Where the model runs: auto picks by the model's format; endpoint scores it through the "
                 "OpenAI-compatible server at `endpoint` (as it is served).")
+Bos = Literal["tokenizer", "always", "never"]
+BOS_HELP = ("Whether a BOS token starts each prompt: tokenizer (where the model's tokenizer puts one when it "
+            "encodes text, as lm-eval and vLLM do: SmolLM2's and GPT-2's do not, Llama's do), always, or never.")
 ENDPOINT_HELP = "URL of an OpenAI-compatible server (http://host:port/v1), for runtime = \"endpoint\"."
 ENDPOINT_MODEL_HELP = "Model name to request from the endpoint (default: the first one its /v1/models lists)."
 
@@ -119,10 +122,12 @@ def chat_text(tokenizer, user: str) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
 
 
-def encode_prompt(model, text: str, tokenizer=None) -> list[int]:
-    """Token ids of a prompt, with the BOS token unless the (chat-formatted) text already starts with it."""
-    bos = getattr(tokenizer, "bos_token", None) if tokenizer is not None else None
-    return model.encode(text, bos=not (bos and text.startswith(bos)))
+def encode_prompt(model, text: str, tokenizer=None, bos: Bos = "tokenizer") -> list[int]:
+    """Token ids of a prompt: with the BOS token where ``bos`` says (``tokenizer``: where the model's tokenizer
+    puts one), never twice when the (chat-formatted) text already starts with it."""
+    token = getattr(tokenizer, "bos_token", None) if tokenizer is not None else None
+    wanted = model.adds_bos if bos == "tokenizer" else bos == "always"
+    return model.encode(text, bos=wanted and not (token and text.startswith(token)))
 
 
 def write_scores(folder: Path, rows: list[dict]) -> str:

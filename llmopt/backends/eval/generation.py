@@ -44,6 +44,7 @@ class GenerationOptions(Options):
     chat_template: bool = Field(False, description="Put the prompt in the tokenizer's chat template as a user turn.")
     max_new_tokens: int = Field(24, ge=1, le=4096, description="Longest reply generated.")
     stop: list[str] = Field(["\n"], description="The reply is cut at the first of these strings (after its first non-blank character).")
+    bos: evalkit.Bos = Field("tokenizer", description=evalkit.BOS_HELP)
     runtime: evalkit.Runtime = Field("auto", description=evalkit.RUNTIME_HELP)
     endpoint: str | None = Field(None, description=evalkit.ENDPOINT_HELP)
     endpoint_model: str | None = Field(None, description=evalkit.ENDPOINT_MODEL_HELP)
@@ -137,7 +138,7 @@ class Generation(EvalBackend):
             else:
                 if tokenizer is not None:
                     text = evalkit.chat_text(tokenizer, text)
-                raw = generate(model, evalkit.encode_prompt(model, text, tokenizer), options)
+                raw = generate(model, evalkit.encode_prompt(model, text, tokenizer, options.bos), options)
             reply = cut(raw, options.stop)
             answers = [item["answer"], *(item.get("aliases") or [])]
             rows.append({"id": item["id"], "score": int(is_correct(reply, answers, options)), "reply": reply,

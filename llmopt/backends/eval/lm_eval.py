@@ -197,12 +197,21 @@ def sample_rows(results: dict, options: LmEvalOptions) -> list[dict]:
             if not isinstance(value, (int, float)):
                 raise StageFailed(f"{task}: {options.metric} is not a number per example ({type(value).__name__})",
                                   fix="pick a metric averaged over examples, such as acc or exact_match")
-            rows.append({"id": f"{task}/{sample['doc_id']}", "score": float(value), "task": task,
-                         "doc_id": sample["doc_id"]})
+            row = {"id": f"{task}/{sample['doc_id']}", "score": float(value), "task": task, "doc_id": sample["doc_id"]}
+            rows.append(row | choice_logliks(sample))
     if not rows:
         raise StageFailed(f"lm-eval returned no samples for {options.task!r}",
                           fix="check the task's data and filter (filter = the name of one of its filters)")
     return rows
+
+
+def choice_logliks(sample: dict) -> dict:
+    """``{"loglik": [...]}``: each choice's log-likelihood of a log-likelihood task's sample (lm-eval's
+    ``filtered_resps``, one ``[loglik, is_greedy]`` a choice), as llmopt's multiple_choice rows carry it; else {}."""
+    resps = sample.get("filtered_resps")
+    if not resps or not all(isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[1], bool) for r in resps):
+        return {}
+    return {"loglik": [round(float(r[0]), 5) for r in resps]}
 
 
 def higher_is_better(results: dict, metric: str) -> bool:

@@ -42,6 +42,7 @@ class MultipleChoiceOptions(Options):
     chat_template: bool = Field(False, description="Put the prompt in the tokenizer's chat template as a user turn; the continuation is the reply.")
     few_shot: int = Field(0, ge=0, le=16, description="Solved examples before each question, drawn from the other examples (seeded).")
     seed: int = Field(0, description="Seed for drawing few-shot examples.")
+    bos: evalkit.Bos = Field("tokenizer", description=evalkit.BOS_HELP)
     batch_size: int = Field(16, ge=1, description="Sequences per forward pass (or concurrent requests to an endpoint).")
     runtime: evalkit.Runtime = Field("auto", description=evalkit.RUNTIME_HELP)
     endpoint: str | None = Field(None, description=evalkit.ENDPOINT_HELP)
@@ -80,7 +81,8 @@ def context_of(options: MultipleChoiceOptions, item: dict, pool: list[dict]) -> 
     return shots + question_text(options.prompt, item)
 
 
-def split_pair(model, context: str, continuation: str, chat_tokenizer=None) -> tuple[list[int], int]:
+def split_pair(model, context: str, continuation: str, chat_tokenizer=None, bos: evalkit.Bos = "tokenizer"
+               ) -> tuple[list[int], int]:
     """Token ids of context + continuation, and how many trailing ones are the continuation.
 
     Trailing spaces of the context move to the continuation, and the whole text is
@@ -89,8 +91,8 @@ def split_pair(model, context: str, continuation: str, chat_tokenizer=None) -> t
     spaces = len(context) - len(context.rstrip(" "))
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = evalkit.encode_prompt(model, context + continuation, chat_tokenizer)
-    prefix = evalkit.encode_prompt(model, context, chat_tokenizer)
+    whole = evalkit.encode_prompt(model, context + continuation, chat_tokenizer, bos)
+    prefix = evalkit.encode_prompt(model, context, chat_tokenizer, bos)
     n = len(whole) - len(prefix)
     if n < 1 or len(prefix) < 1:
         raise StageFailed(f"a continuation {continuation!r} has no tokens of its own", fix="check the continuation template")
@@ -125,7 +127,7 @@ class MultipleChoice(EvalBackend):
                 context = evalkit.chat_text(tokenizer, context)
             for j in range(len(item["choices"])):
                 continuation = choice_text(options.continuation, item, j)
-                ids, n = split_pair(model, context, continuation, tokenizer)
+                ids, n = split_pair(model, context, continuation, tokenizer, options.bos)
                 requests.append((i, j, ids, n, len(continuation.strip()) or 1))
         loglik = score_requests(model, requests, options.batch_size, ctx.progress)
         chars = {(r[0], r[1]): r[4] for r in requests}
