@@ -267,6 +267,26 @@ def test_rtn_on_the_tiny_model_keeps_library_logs_off_the_terminal(tiny_model, t
     reload(tmp_path / "out" / "model")
 
 
+def test_autoround_learns_a_rounding_that_round_to_nearest_does_not_give(tiny_model, tmp_path):
+    """Issue 37: AutoRound as a backend. Same integers and layout as RTN (so the ONNX export and the engines read
+    it), but the rounding is tuned: some codes differ from RTN's at the same group size and zero points."""
+    from safetensors.torch import load_file
+
+    steps = '[[compress]]\nmethod = "{}"\ngroup_size = 32\nsymmetric = false\n'
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "rtn").mkdir()
+    tuned = run_tiny(tmp_path / "ar", tiny_model, steps.format("autoround") + "iters = 20\n")
+    plain = run_tiny(tmp_path / "rtn", tiny_model, steps.format("rtn"))
+    q = json.loads((tuned.artifact / "model" / "config.json").read_text())["quantization_config"]
+    weights = q["config_groups"]["group_0"]["weights"]
+    assert q["format"] == "pack-quantized" and (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, 32, False)
+    assert tuned.records[1].outputs["pipeline"] == "sequential"
+    a, b = (load_file(r.artifact / "model" / "model.safetensors") for r in (tuned, plain))
+    packed = [k for k in a if k.endswith("weight_packed")]
+    assert packed and any(not a[k].equal(b[k]) for k in packed)
+    reload(tuned.artifact / "model")
+
+
 # --- the ModelOpt runtime's dequantization against ModelOpt's own reference code --------------
 
 def test_modelopt_runtime_dequantizes_like_modelopt():

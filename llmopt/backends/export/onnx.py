@@ -38,7 +38,7 @@ QUANTIZED = ("int4", "int8")
 # What the model builder takes from the stage before the export (``input_refusal`` is the same judgement on
 # the checkpoint itself): W4A16 folders, repacked into the AutoGPTQ layout (``gptq_layout.py``); FP8 / NVFP4
 # compressed-tensors on the CUDA EP only (the builder's own route); float weights, which it quantizes itself.
-W4A16_ONLY = "use a W4A16 method (gptq, awq, rtn) before an onnx export"
+W4A16_ONLY = "use a W4A16 method (gptq, awq, autoround, rtn) before an onnx export"
 ACTIVATIONS = Rule("no", "it quantizes activations; the ONNX Runtime GenAI builder reads weight-only int4 checkpoints "
                    "only", fix=W4A16_ONLY)
 MODELOPT = Rule("no", "the onnx export reads compressed-tensors and AutoGPTQ / AutoAWQ checkpoints, not ModelOpt's",
@@ -148,7 +148,7 @@ class OnnxExport(ExportBackend):
         for fmt, kind in CUDA_ONLY.items():
             rules[fmt] = YES if ep == "cuda" else Rule(
                 "no", f"{kind} checkpoints reach ONNX Runtime GenAI only on the CUDA EP (not {ep})",
-                fix="use a W4A16 method (gptq, awq, rtn) for CPU, or execution_provider = \"cuda\"")
+                fix="use a W4A16 method (gptq, awq, autoround, rtn) for CPU, or execution_provider = \"cuda\"")
         if options.precision != "int4":
             kept = Rule("no", f"the export keeps the checkpoint's quantized weights; precision {options.precision!r} "
                         "cannot express them", fix="set precision = \"int4\"")

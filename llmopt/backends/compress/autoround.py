@@ -1,0 +1,69 @@
+"""Compress: AutoRound (llm-compressor's AutoRoundModifier over the auto-round package), integer weights
+whose rounding and clipping are learned.
+
+Decoder layer by decoder layer, AutoRound learns a rounding offset for every weight
+and a clipping range for every group by signed gradient descent (``iters`` steps)
+on the layer's output error over the calibration rows, then rounds. The checkpoint
+is the same pack-quantized integers as RTN or GPTQ write, so every engine and the
+ONNX export that reads those reads it. On a machine without CUDA the tuning loop
+runs in eager mode (torch.compile off).
+Needs: llmcompressor, compressed-tensors, auto-round, torch, transformers
+(``pip install 'llmopt[compress]'``; llm-compressor brings auto-round).
+Produces: ``model/``, a compressed-tensors pack-quantized checkpoint with its
+tokenizer (quantization_config with quant_method compressed-tensors).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from llmopt.model import formats
+from llmopt.model import estimates
+from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
+from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.errors import Problem
+from llmopt.registry import register
+
+
+class AutoRoundOptions(Options):
+    group_size: int = Field(128, ge=8, description="Weights sharing one scale along the input dimension; must "
+                            "divide every targeted layer's input width.")
+    symmetric: bool = Field(True, description="Symmetric weights (no zero point); false stores a zero point per group.")
+    iters: int = Field(200, ge=1, le=10_000, description="Tuning steps per decoder layer (auto-round's default 200); "
+                       "fewer is faster and a little worse.")
+    batch_size: int = Field(8, ge=1, description="Calibration rows per tuning step.")
+    lr: float | None = Field(None, gt=0, description="Learning rate of the rounding offsets (None: auto-round's, 1/iters).")
+    ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
+
+
+@register("compress", "autoround")
+class AutoRound(CompressBackend):
+    Options = AutoRoundOptions
+    requires = lc.REQUIRES + ("auto_round",)
+    extra = lc.EXTRA
+    calibrates = True
+    quantizes = True
+
+    def produces(self, options: AutoRoundOptions) -> formats.Format:
+        return formats.CT_W4A16
+
+    def layout(self, options: AutoRoundOptions, before, ctx: PlanContext):
+        """pack-quantized int4, a zero point per group unless symmetric."""
+        weights = estimates.pack_quantized(4, options.group_size, options.symmetric, lc.load_dtype(before, ctx))
+        return lc.layout(before, weights, options.ignore, ctx)
+
+    def check(self, options: AutoRoundOptions, ctx: PlanContext) -> list[Problem]:
+        problems = _checks.quantizer(ctx, "autoround", calibrates=True)
+        return problems + _checks.group_size(ctx, options.group_size, options.ignore)
+
+    def run(self, options: AutoRoundOptions, ctx: StageContext) -> dict:
+        # "auto" is llm-compressor's sequential pipeline, whose per-layer hook is where AutoRound tunes
+        return lc.quantize(ctx, lambda: build(options, ctx.device), calibrates=True)
+
+
+def build(options: AutoRoundOptions, device: str) -> list:
+    from llmcompressor.modifiers.autoround import AutoRoundModifier
+
+    return [AutoRoundModifier(config_groups=lc.weight_scheme(4, options.group_size, options.symmetric),
+                              ignore=options.ignore, iters=options.iters, batch_size=options.batch_size,
+                              lr=options.lr, enable_torch_compile=device.startswith("cuda"))]
