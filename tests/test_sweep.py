@@ -69,6 +69,12 @@ def test_variant_ids_name_folders_uniquely():
               {"compress[0]": {"method": "gptq"}, "compress[0].group_size": 32, "export.lm_head": "in/t8"},
               {"compress[0]": {"method": "gptq"}, "compress[0].group_size": 32, "export.lm_head": "in t8"}]
     assert variant_ids(combos) == ["gptq-group_size32-int8", "gptq-group_size32-in_t8", "gptq-group_size32-in_t8-3"]
+    # whole tables of one method are told apart by the keys whose values differ between them
+    tables = [{"method": "gptq", "group_size": 64, "actorder": "weight"},
+              {"method": "gptq", "group_size": 32, "symmetric": False, "actorder": "weight"},
+              {"method": "awq", "group_size": 32}, {"method": "rtn", "group_size": 32, "symmetric": False}]
+    assert variant_ids([{"compress[0]": t} for t in tables]) == [
+        "gptq-group_size64", "gptq-group_size32-symmetricfalse", "awq", "rtn"]
 
 
 def test_the_sweep_table_is_checked_like_every_other():

@@ -152,19 +152,30 @@ def axes_of(settings: SweepSection | None, cli_axes: list[str]) -> dict[str, lis
 
 def variant_ids(combos: list[dict[str, Any]]) -> list[str]:
     """Folder names from the values, unique: a string as it is, another value after its key's last part
-    (``gptq-group_size32``), a table by its first value."""
+    (``gptq-group_size32``), a table by its first value and then each other key whose value differs between
+    the axis's tables of that first value (``gptq-group_size32-symmetricfalse``)."""
     ids: list[str] = []
     for index, values in enumerate(combos, 1):
-        parts = [_slug(key, value) for key, value in values.items()]
+        parts = [_slug(key, value, [c[key] for c in combos]) for key, value in values.items()]
         name = "-".join(p for p in parts if p)[:60] or "recipe"
         ids.append(name if name not in ids else f"{name}-{index}")
     return ids
 
 
-def _slug(key: str, value: Any) -> str:
+def _slug(key: str, value: Any, axis: list[Any]) -> str:
     if isinstance(value, dict):
-        value = next(iter(value.values()), "table")
-    text = value if isinstance(value, str) else key.replace("]", "").split(".")[-1].split("[")[-1] + toml_literal(value)
+        first = next(iter(value.values()), "table")
+        kin = [t for t in axis if isinstance(t, dict) and next(iter(t.values()), "table") == first]
+        varying = [k for k in value if k != next(iter(value)) and len({toml_literal(t[k]) if k in t else "" for t in kin}) > 1]
+        return "-".join([_slug(key, first, [])] + [_clean(k + _bare(value[k])) for k in varying])
+    return _clean(value if isinstance(value, str) else key.replace("]", "").split(".")[-1].split("[")[-1] + toml_literal(value))
+
+
+def _bare(value: Any) -> str:
+    return value if isinstance(value, str) else toml_literal(value)
+
+
+def _clean(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "_", text).strip("_.")
 
 
