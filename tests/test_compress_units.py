@@ -48,6 +48,9 @@ def test_calibration_rows_are_exact_and_seeded(tiny_model):
     b = calibration.token_rows(CalibrationSection(samples=25, max_seq_len=48, seed=1), tok)
     assert b.rows != a.rows  # another seed, another document order
     assert tok.eos_token_id in sum(a.rows, [])  # documents are joined with the end-of-sequence token
+    for kind in ("newline", "none"):  # or with a blank line, or nothing: the same documents in the same order
+        other = calibration.token_rows(CalibrationSection(samples=25, max_seq_len=48, separator=kind), tok)
+        assert tok.eos_token_id not in sum(other.rows, []) and other.rows != a.rows
     ds = calibration.as_dataset(a)
     assert ds.column_names == ["input_ids", "attention_mask"] and ds[0]["attention_mask"] == [1] * 48
     batches = calibration.as_batches(a, batch_size=10)

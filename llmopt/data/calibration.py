@@ -102,6 +102,13 @@ def ordered_texts(texts: list[str], seed: int) -> list[str]:
     return kept
 
 
+def separator_ids(kind: str, tokenizer) -> list[int]:
+    """The token ids put between two documents (``calibration.separator``)."""
+    if kind == "eos":
+        return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return tokenizer("\n\n", add_special_tokens=False)["input_ids"] if kind == "newline" else []
+
+
 def wrap_chat(tokenizer, text: str) -> str:
     """One document as a user turn in the tokenizer's chat template."""
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
@@ -115,7 +122,7 @@ def token_rows(calibration, tokenizer, base: Path | None = None, where: str = "c
             raise StageFailed("calibration.chat_template is set but the tokenizer has no chat template",
                               where=where, fix="set chat_template = false, or use a model that ships one")
         texts = [wrap_chat(tokenizer, t) for t in texts]
-    separator = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    separator = separator_ids(calibration.separator, tokenizer)
     stream: list[int] = []
     need = calibration.samples * calibration.max_seq_len
     for text in texts:

@@ -70,6 +70,9 @@ class CalibrationSection(Section):
     samples: int = Field(32, ge=1, le=100_000, description="Number of calibration sequences.")
     max_seq_len: int = Field(256, ge=8, le=131_072, description="Tokens per calibration sequence.")
     seed: int = Field(0, description="Seed for sampling and any shuffling; runs are deterministic given it.")
+    separator: Literal["eos", "newline", "none"] = Field(
+        "eos", description="Between two documents in the token stream: the tokenizer's end-of-sequence token (eos), a "
+        "blank line (newline), or nothing (none).")
     text_field: str = Field("text", description="Field holding the text in .jsonl/.parquet/hub data.")
     chat_template: bool = Field(False, description="Wrap each sample in the tokenizer's chat template.")
 
