@@ -6,8 +6,6 @@ import json
 
 import pytest
 
-from conftest import ROOT
-
 
 @pytest.mark.slow
 def test_quickstart_runs_end_to_end(tmp_path, quickstart):
@@ -18,14 +16,15 @@ def test_quickstart_runs_end_to_end(tmp_path, quickstart):
     assert doc["passed"] is True
     manifest = json.loads((out / "manifest.json").read_text())
     stages = {stage["name"]: stage["outputs"] for stage in manifest["stages"]}
-    assert stages["compress.0.gptq"]["quantization"]["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+    weights = stages["compress.0.awq"]["quantization"]["config_groups"]["group_0"]["weights"]
+    assert (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, 32, False)
     export = stages["export.onnx"]
     assert export["precision"] == "int4" and export["quantized_input"]["repacked"] is True
     assert export["verify"]["status"] == "passed"  # MatMulNBits ran on the CPU EP, nothing fell back
     assert (out / "model" / "model.onnx").is_file() and (out / "model" / "genai_config.json").is_file()
     assert (out / "deploy" / "ort" / "launch.sh").is_file()
     written = sum(p.stat().st_size for p in (out / "model").rglob("*") if p.is_file())
-    assert manifest["model_bytes"] == written  # about 212 MB: int4 linears, int8 head, float32 embedding
+    assert manifest["model_bytes"] == written  # about 219 MB: int4 linears, int8 head, float32 embedding
     assert abs(manifest["estimates"]["artifact_bytes"] / written - 1) < 0.05  # the plan's size model
     gates = {g["name"]: g for g in manifest["gates"]}
     assert 5 < gates["prose"]["baseline"] < 100  # a real language model on English prose
@@ -43,23 +42,3 @@ def test_quickstart_runs_end_to_end(tmp_path, quickstart):
         cached = cli("eval", recipe, *args, "-o", str(tmp_path / f"r{n}"), "-f", "json", cwd=tmp_path)
         assert cached.returncode == 0, cached.stderr[-3000:]
         assert {s["status"] for s in json.loads(cached.stdout)["stages"]} == {"cached"}, args
-
-
-RECORDED = sorted((ROOT / "docs" / "runs").glob("quickstart-*-report.json"))
-
-
-def test_the_shipped_gates_hold_for_every_recorded_run_of_the_quickstart():
-    """Every run of the quickstart recorded in docs/runs (other machines, a GPU's calibration, its variants) passes
-    the recipe's thresholds as shipped: a threshold tightened below a measured interval fails here, not on a user's
-    machine. Recorded: an H200 machine's runs of 2026-12-02, where the encyclopedic gate of 44% failed the recipe."""
-    from llmopt.recipe.load import load_recipe
-
-    evals = {e.name: e for e in load_recipe(ROOT / "recipes" / "quickstart.toml").recipe.eval}
-    assert len(RECORDED) >= 3
-    for path in RECORDED:
-        for gate in json.loads(path.read_text())["gates"]:
-            item = evals[gate["name"]]
-            if gate["metric"] == "perplexity":
-                assert gate["ci"][1] * 100 <= item.max_increase_pct, (path.name, gate["name"], gate["ci"])
-            else:
-                assert -gate["ci"][0] <= item.max_drop, (path.name, gate["name"], gate["ci"])

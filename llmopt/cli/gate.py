@@ -31,7 +31,7 @@ def gate(
 
     Examples:
 
-        llmopt gate artifacts/quickstart/reports/report.json -s mc.max_drop=0.05   # exits 3
+        llmopt gate artifacts/quickstart/reports/report.json -s prose.max_increase_pct=5   # exits 3
 
         llmopt gate reports/report.json -s confidence=0.9 -s prose.max_increase_pct=none
 
