@@ -11,8 +11,10 @@ temperature and penalties, as vLLM returns them) and a dict of the N most likely
 at that position, the token itself added when it is not among them (so up to N + 1).
 
 The values come from one forward pass over the whole sequence (the runtime's
-``logits``), computed in float64 here whatever the runtime, so they are the same
-numbers its ``nll`` sums, up to float32 rounding.
+``logits``): the log-softmax is taken on the float32 logits with its normalising sums
+in float64, as the runtimes' ``nll`` takes it, so they are the numbers it sums. With
+``logprobs=1`` (what log-likelihood evals ask for) the most likely token is an argmax,
+not a partial sort of the vocabulary.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 WINDOW = 6  # tokens of context decoded before a token, so that its text keeps a leading space
-ROWS = 256  # positions normalised at once (a float64 copy of ROWS x vocab)
+ROWS = 256  # positions normalised at once (ROWS x vocab float32 values)
 
 
 def choice_parts(runtime, prompt_ids: list[int], prompt_text: str | None, generated: list[int], text: str,
@@ -45,24 +47,32 @@ def choice_parts(runtime, prompt_ids: list[int], prompt_text: str | None, genera
 def sequence_logprobs(runtime, ids: list[int], top: int) -> tuple[list, list]:
     """Per position: the token's log-probability given the ones before it, and the ``top`` most likely
     (token id, log-probability) pairs there with the token's own added; both None at position 0."""
-    logits = runtime.logits(ids)
+    logits = np.asarray(runtime.logits(ids), dtype=np.float32)
     if logits.shape[0] != len(ids):
         raise ValueError(f"the runtime returned logits for {logits.shape[0]} of {len(ids)} positions")
     token_lp: list = [None]
     top_lp: list = [None]
     for start in range(0, len(ids) - 1, ROWS):
-        rows = logits[start : min(start + ROWS, len(ids) - 1)].astype(np.float64)
-        rows -= rows.max(axis=-1, keepdims=True)
-        rows -= np.log(np.exp(rows).sum(axis=-1, keepdims=True))
+        rows = logits[start : min(start + ROWS, len(ids) - 1)]
+        peak = rows.max(axis=-1)
+        logsumexp = np.log(np.exp(rows - peak[:, None]).sum(axis=-1, dtype=np.float64)) + peak
         for offset, row in enumerate(rows):
             target = ids[start + offset + 1]
-            best = np.argpartition(-row, top)[:top] if 0 < top < row.shape[0] else np.arange(row.shape[0])[:top]
-            best = sorted(best.tolist(), key=lambda i: -row[i])
+            best = most_likely(row, top)
             if target not in best:
                 best.append(target)
-            token_lp.append(float(row[target]))
-            top_lp.append([(i, float(row[i])) for i in best])
+            norm = logsumexp[offset]
+            token_lp.append(float(row[target]) - norm)
+            top_lp.append([(i, float(row[i]) - norm) for i in best])
     return token_lp, top_lp
+
+
+def most_likely(row: np.ndarray, top: int) -> list[int]:
+    """The ids of the ``top`` largest values of ``row``, largest first."""
+    if top == 1:
+        return [int(row.argmax())]
+    best = np.argpartition(-row, top)[:top] if 0 < top < row.shape[0] else np.arange(row.shape[0])[:top]
+    return sorted(best.tolist(), key=lambda i: -row[i])
 
 
 def token_pieces(decode, ids: list[int], first: int = 0) -> list[str]:
