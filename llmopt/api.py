@@ -189,11 +189,15 @@ def gpus() -> list[dict]:
 
 
 def builtin_data() -> list[dict]:
-    """The data sets shipped with llmopt: name, role (calibration or eval), domain, what it holds."""
+    """The data sets shipped with llmopt: name, role (calibration, eval, or workload: a text workload for
+    [serve.workload] dataset and `llmopt bench --dataset`), domain, what it holds."""
     from llmopt import data
+    from llmopt.data import workloads
 
     return [{"name": f"builtin:{name}", "role": b.role, "domain": b.domain, "about": b.about}
-            for name, b in data.BUILTIN.items()]
+            for name, b in data.BUILTIN.items()] + [
+        {"name": f"builtin:{name}", "role": "workload", "domain": w.domain, "about": w.about}
+        for name, w in workloads.WORKLOADS.items()]
 
 
 def doctor() -> dict:

@@ -119,7 +119,8 @@ class FakeServer:
         await writer.drain()
         self.records.append({"id": f"r{i}", "arrived": arrived, "sent": sent, "done": time.monotonic(),
                              "ttft_ms": ttft_ms(i), "itl_ms": itl_ms(i), "keys": sorted(req),
-                             "stream_options": req.get("stream_options")})
+                             "stream_options": req.get("stream_options"), "max_tokens": n_out,
+                             "prompt": req.get("prompt"), "messages": req.get("messages")})
 
     @staticmethod
     def chunk(writer, payload: dict) -> None:

@@ -297,9 +297,11 @@ BENCH_HEADER = ["load", "ok / sent", "req/s", "output tok/s", "TTFT p50 / p99 ms
 
 def bench_markdown(bench: dict) -> str:
     """The serving benchmark's section of report.md: one row per load point."""
-    w, slo = bench["workload"], {k: v for k, v in (bench.get("slo") or {}).items() if v is not None}
+    from llmopt.bench.report import split_table, workload_line
+
+    slo = {k: v for k, v in (bench.get("slo") or {}).items() if v is not None}
     lines = ["", f"## Serving benchmark: {bench.get('engine')}", "",
-             f"Workload: {w['input_len']} input tokens, {w['output_len']} output tokens; SLO: "
+             f"Workload: {workload_line(bench)}; SLO: "
              f"{', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; {bench['options']['requests']} "
              f"requests after {bench['options']['warmup']} warm-up, {bench['options']['repeats']} repeat(s) "
              f"(medians). Files: reports/{BENCH_DIR}/.", "",
@@ -317,8 +319,6 @@ def bench_markdown(bench: dict) -> str:
                  f"{good['requests_per_s']:.2f} ({good['fraction']:.0%})" if good else "-",
                  ", ".join(f"{k} {n}" for k, n in p["errors"].items()) or "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    from llmopt.bench.report import split_table
-
     lines += split_table(bench.get("split"))
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,10 @@ class BenchOptions(BaseModel):
     vocab_size: Optional[int] = Field(
         None, ge=16, description="Vocabulary size for token-id prompts (default: the model folder's config.json; "
         "a URL without it gets text prompts).")
+    tokenizer: Optional[str] = Field(
+        None, description="Model folder whose tokenizer and chat template count and render a dataset's prompts "
+        "(default: the target folder's model; a URL without it: lengths from the records' own counts, and the "
+        "server's usage figures).")
     request_timeout_s: float = Field(600.0, gt=0, description="Longest wait for one request, in seconds.")
     startup_timeout_s: float = Field(1200.0, gt=0, description="Longest wait for a started engine to answer /health.")
     engine: Literal["auto", "llmopt", "ort", "vllm", "sglang", "trtllm"] = Field(

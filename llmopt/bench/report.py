@@ -27,9 +27,8 @@ def _ms(stat: dict | None, key: str) -> str:
 def markdown(result: dict) -> str:
     """One row per load point."""
     slo = {k: v for k, v in (result.get("slo") or {}).items() if v is not None}
-    w = result["workload"]
     lines = [f"# llmopt bench: {result['target']['model']} at {result['target']['url']}", "",
-             f"Workload: {w['input_len']} input tokens, {w['output_len']} output tokens; "
+             f"Workload: {workload_line(result)}; "
              f"SLO: {', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; "
              f"{result['options']['requests']} requests per point after {result['options']['warmup']} warm-up.", "",
              "| load | ok / sent | req/s | output tok/s | total tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
@@ -49,6 +48,20 @@ def markdown(result: dict) -> str:
         lines += ["", f"Saturation: {s['reason']}; highest request throughput at concurrency {s['best_concurrency']:g}."]
     lines += split_table(result.get("split"))
     return "\n".join(lines) + "\n"
+
+
+def workload_line(result: dict) -> str:
+    """The workload in words: the random prompts' lengths, or the dataset's name, hash and lengths."""
+    w, data = result["workload"], result.get("dataset")
+    if not data:
+        return f"{w['input_len']} input tokens, {w['output_len']} output tokens"
+    spread = data["input_tokens"]
+    prompts = (f"prompts of {spread['mean']:g} tokens on average ({spread['min']} to {spread['max']})" if spread
+               else "prompt lengths from the server")
+    outputs = data["output_tokens"]
+    source = "from the data" if data["output_len_from"] == "data" else "fixed"
+    return (f"{data['name']} (sha256 {data['sha256'][:12]}, {data['used']} of {data['records']} records), {prompts}, "
+            f"outputs of {outputs['mean']:g} tokens on average ({source})")
 
 
 def split_table(split: dict | None) -> list[str]:

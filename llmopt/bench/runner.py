@@ -50,7 +50,8 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     require("aiohttp", "bench", "llmopt bench")  # before a server is started
     out_dir, say = Path(out_dir), say or (lambda message: None)
     if is_url(target):
-        return measure(base_url(str(target)), None, workload, slo, options, out_dir, say, options.vocab_size)
+        return measure(base_url(str(target)), None, workload, slo, options, out_dir, say, options.vocab_size,
+                       _folder(options.tokenizer))
     folder = Path(target).expanduser().resolve()
     if not folder.is_dir():
         raise UsageError(f"{target} is neither a URL (http://...) nor a folder",
@@ -66,7 +67,17 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
     vocab = options.vocab_size or model_limits(model_dir)[1]
     with engine.running(launch, port, root, out_dir / "engine.log", options.startup_timeout_s, say) as (url, pid):
         started = {"engine": launch.engine, "argv": launch.argv, "pid": pid, "log": "engine.log"}
-        return measure(url, started, workload, slo, options, out_dir, say, vocab)
+        return measure(url, started, workload, slo, options, out_dir, say, vocab,
+                       _folder(options.tokenizer) or model_dir)
+
+
+def _folder(path: str | None) -> Path | None:
+    if path is None:
+        return None
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise UsageError(f"--tokenizer {path}: not a folder", fix="pass the model folder that holds tokenizer.json")
+    return folder
 
 
 def checked(cls, value, what: str):
@@ -84,7 +95,7 @@ def checked(cls, value, what: str):
 
 
 def measure(url: str, started: dict | None, workload: Workload, slo: SLO, options: BenchOptions, out_dir: Path,
-            say, vocab: int | None) -> dict:
+            say, vocab: int | None, model_dir: Path | None = None) -> dict:
     models = served_models(url)
     model = options.model or next((m.get("id") for m in models.get("data") or []), None)
     if not model:
@@ -92,8 +103,10 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
     server = wl.server_kind(models)
     path = "/v1/chat/completions" if options.endpoint == "chat" else "/v1/completions"
     vocab = vocab if options.endpoint == "completions" else None
+    texts = text_workload(workload, options, model_dir, split.served_context(models), say)
     began, rows = time.time(), []
-    ctx = {"url": url + path, "model": model, "server": server, "vocab": vocab, "slo": slo.model_dump(), "rows": rows}
+    ctx = {"url": url + path, "model": model, "server": server, "vocab": vocab, "slo": slo.model_dump(), "rows": rows,
+           "texts": texts}
     points, saturation = [], None
     for index, (kind, value) in enumerate(options.points(workload)):
         points.append(run_point(ctx, index, kind, value, options.requests, workload, options, say))
@@ -105,9 +118,10 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
         "schema_version": SCHEMA_VERSION,
         "target": {"url": url, "model": model, "server": server, "started": started,
                    "simulated": any(m.get("llmopt_simulated") for m in models.get("data") or [])},
-        "workload": workload.model_dump(), "slo": slo.model_dump(), "options": options.model_dump(),
+        "workload": workload.model_dump(), **({"dataset": texts.info} if texts else {}), "slo": slo.model_dump(),
+        "options": options.model_dump(),
         "client": {"kind": "llmopt asyncio client (aiohttp)", "aiohttp": _version("aiohttp"),
-                   "sent": wl.sent_fields(options, server, vocab)},
+                   "sent": wl.sent_fields(options, server, vocab, texts)},
         "points": points, "saturation": saturation, "split": prefill_decode, "out_dir": str(out_dir),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)), "duration_s": round(time.time() - began, 2),
     }
@@ -119,6 +133,21 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
     return result
 
 
+def text_workload(workload: Workload, options: BenchOptions, model_dir: Path | None, context: int | None, say):
+    """The dataset's requests, prepared for the endpoint and the model's tokenizer; None for random prompts."""
+    if not workload.dataset:
+        return None
+    from llmopt.bench import dataset
+
+    texts = dataset.prepare(dataset.load(workload.dataset), options.endpoint, workload.output_len,
+                            workload.output_len_from, model_dir, context)
+    info = texts.info
+    say(f"workload {info['name']}: {info['used']} of {info['records']} records"
+        + (f" ({info['too_long']} longer than the served context left out)" if info["too_long"] else "")
+        + ("" if info["tokenizer"] else "; no tokenizer: prompt lengths are the server's"))
+    return texts
+
+
 def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, workload: Workload,
               options: BenchOptions, say) -> dict:
     """One load point, ``options.repeats`` times; its figures are the medians over the repeats."""
@@ -126,9 +155,9 @@ def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, wor
     repeats = []
     for repeat in range(options.repeats):
         seed = options.seed + 1000 * index + repeat
-        bodies = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], requests, seed)
         n_warm = max(options.warmup, int(value)) if options.warmup and kind == "concurrency" else options.warmup
-        warm = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], n_warm, seed + 500)
+        warm = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], n_warm, seed + 500, ctx["texts"])
+        bodies = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], requests, seed, ctx["texts"])
         say(f"{label}: {requests} requests" + (f" (repeat {repeat + 1}/{options.repeats})" if options.repeats > 1 else ""))
         got = client.run(ctx["url"], kind, value, bodies, warm, options.request_timeout_s, seed)
         costs = metrics.client_costs(got["client_cpu_s"], got["client_wall_s"], got["loop_lag_s"])

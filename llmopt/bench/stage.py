@@ -5,7 +5,8 @@ the final model and the deploy stage's launch config as an artifact would hold t
 ``deploy/<engine>/`` in a scratch folder of the stage), and ``run_bench`` starts that launch config
 (ort through ``llmopt serve``; vLLM, SGLang and TensorRT-LLM through ``launch.sh``), waits for
 ``/health``, sends ``[serve].workload`` at its concurrency with ``[bench]`` requests, warm-up and
-repeats, judges ``[serve].slo``, and always stops the server. bench.json, bench.md, requests.jsonl,
+repeats (random token ids, or the prompts of ``[serve.workload] dataset``, ``llmopt.bench.dataset``),
+judges ``[serve].slo``, and always stops the server. bench.json, bench.md, requests.jsonl,
 engine.log and the plots stay in the stage folder; the figures are the stage's outputs, which the
 artifact's manifest and reports carry.
 
@@ -84,6 +85,30 @@ def artifact_bench_options(recipe, given: dict) -> BenchStageOptions:
         "slo": checked(SLO, slo, "slo"), "load": checked(BenchOptions, options, "options"), **fields}, "options")
 
 
+def dataset_facts(loaded, workload: Workload) -> tuple[list[Problem], dict]:
+    """The data set ``workload`` names (relative to the recipe's folder): a problem when it cannot be read or a
+    record is malformed, else its sha256 for the key of the stage that sends it (none without one)."""
+    if not workload.dataset:
+        return [], {}
+    from llmopt.bench import dataset
+    from llmopt.errors import UsageError
+
+    try:
+        found = dataset.load(workload.dataset, loaded.path.parent)
+    except UsageError as exc:
+        return [Problem(f"{exc.where}: {exc.what}" if exc.where else exc.what,
+                        loaded.where("serve", "workload", "dataset"), exc.fix)], {}
+    return [], {"dataset_sha256": found.sha256}
+
+
+def located(workload: Workload, ctx: StageContext) -> Workload:
+    """``workload`` with its data set file as an absolute path (a relative one is the recipe's folder's)."""
+    from llmopt.bench import dataset
+
+    path = dataset.resolve(workload.dataset, Path(ctx.recipe.path).parent) if workload.dataset else None
+    return workload if path is None else workload.model_copy(update={"dataset": str(path)})
+
+
 def plan_problems(loaded) -> list[Problem]:
     """A bench without a [serve] section, or whose engine is not installed on this machine."""
     from llmopt.bench import engine
@@ -119,8 +144,8 @@ class BenchStage(StageKind):
         run = (options.load or BenchOptions(engine=options.engine)).model_copy(update={
             "requests": options.requests, "warmup": options.warmup, "repeats": options.repeats, "split": options.split})
         try:
-            result = run_bench(target, options.workload, options.slo, run, ctx.out_dir, cache_dir=ctx.cache_root,
-                               say=ctx.progress)
+            result = run_bench(target, located(options.workload, ctx), options.slo, run, ctx.out_dir,
+                               cache_dir=ctx.cache_root, say=ctx.progress)
         finally:
             shutil.rmtree(target, ignore_errors=True)
         result["out_dir"] = "."  # not the temporary folder: the stage folder moves into the cache when complete
@@ -150,7 +175,8 @@ def outputs(result: dict) -> dict:
     started = result["target"].get("started") or {}
     return {
         "engine": started.get("engine"), "model": result["target"]["model"], "server": result["target"]["server"],
-        "workload": result["workload"], "slo": result["slo"],
+        "workload": result["workload"], **({"dataset": result["dataset"]} if result.get("dataset") else {}),
+        "slo": result["slo"],
         "options": {k: result["options"][k] for k in ("requests", "warmup", "repeats")},
         "points": [point_figures(p) for p in result["points"]],
         "split": result.get("split"),

@@ -4,7 +4,8 @@ Prompts: with /v1/completions and a known vocabulary, random token ids (exactly
 ``input_len`` tokens, no tokenizer needed, a different prompt per request so that no
 prefix cache helps); otherwise text of ``input_len`` common English words, which BPE
 tokenizers mostly encode as one token each (the server's usage figure is what the
-results report).
+results report). With a text workload (``[serve.workload] dataset``, ``llmopt.bench.dataset``),
+its prompts instead, each with its own ``max_tokens``, in the data set's order.
 
 What is sent: ``model``, the prompt, ``max_tokens``, ``temperature: 0``, ``stream: true``
 and ``stream_options: {include_usage: true}``, which every OpenAI-compatible server
@@ -20,6 +21,7 @@ import json
 import random
 from pathlib import Path
 
+from llmopt.bench.dataset import Prepared, Request
 from llmopt.bench.options import BenchOptions, Workload
 
 WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have an "
@@ -62,10 +64,13 @@ def text_prompt(rng: random.Random, n: int) -> str:
 
 
 def bodies(workload: Workload, options: BenchOptions, model: str, server: str, vocab: int | None, n: int,
-           seed: int) -> list[bytes]:
-    """``n`` encoded request bodies; ``seed`` makes them repeatable (and distinct between points)."""
-    rng = random.Random(seed)
+           seed: int, texts: Prepared | None = None) -> list[bytes]:
+    """``n`` encoded request bodies; ``seed`` makes them repeatable (and distinct between points). With a text
+    workload (``texts``), its next ``n`` requests instead."""
     ignore_eos = options.ignore_eos if options.ignore_eos is not None else server in IGNORE_EOS_SERVERS
+    if texts is not None:
+        return [text_body(r, model, ignore_eos) for r in texts.take(n)]
+    rng = random.Random(seed)
     out = []
     for _ in range(n):
         body: dict = {"model": model, "max_tokens": workload.output_len, "temperature": 0.0, "stream": True,
@@ -82,10 +87,24 @@ def bodies(workload: Workload, options: BenchOptions, model: str, server: str, v
     return out
 
 
-def sent_fields(options: BenchOptions, server: str, vocab: int | None) -> dict:
+def text_body(request: Request, model: str, ignore_eos: bool) -> bytes:
+    body: dict = {"model": model, "max_tokens": request.max_tokens, "temperature": 0.0, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if request.messages is not None:
+        body["messages"] = request.messages
+    else:
+        body["prompt"] = request.prompt
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return json.dumps(body).encode()
+
+
+def sent_fields(options: BenchOptions, server: str, vocab: int | None, texts: Prepared | None = None) -> dict:
     """What the requests carry, for the results."""
     ignore_eos = options.ignore_eos if options.ignore_eos is not None else server in IGNORE_EOS_SERVERS
     prompt = "chat messages (text)" if options.endpoint == "chat" else ("token ids" if vocab else "text")
+    if texts is not None:
+        prompt = f"{'chat messages' if options.endpoint == 'chat' else 'text'} from {texts.dataset.name}"
     fields = ["model", "prompt" if options.endpoint == "completions" else "messages", "max_tokens", "temperature",
               "stream", "stream_options.include_usage"] + (["ignore_eos"] if ignore_eos else [])
     return {"endpoint": f"/v1/{'chat/completions' if options.endpoint == 'chat' else 'completions'}",

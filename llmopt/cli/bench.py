@@ -18,8 +18,10 @@ SloOpt = Annotated[Optional[list[str]], typer.Option("--slo", help="An SLO bound
 def bench(
     target: Annotated[str, typer.Argument(help="A server's URL (http://HOST:PORT, vLLM, SGLang, trtllm-serve, llmopt serve), "
                                           "or an artifact or model folder whose server bench starts and stops.", show_default=False)],
-    input_len: Annotated[Optional[int], typer.Option(min=1, help="Prompt tokens (default: the artifact's [serve].workload, else 1024).")] = None,
-    output_len: Annotated[Optional[int], typer.Option(min=1, help="Output tokens (default: the artifact's workload, else 256).")] = None,
+    input_len: Annotated[Optional[int], typer.Option(min=1, help="Prompt tokens of random token-id prompts (default: the artifact's [serve].workload, else 1024).")] = None,
+    output_len: Annotated[Optional[int], typer.Option(min=1, help="Output tokens (default: the artifact's workload, else 256); with a dataset, every request's, instead of the data's own lengths.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="Prompts from a .jsonl file (plain prompts or chat conversations, as vLLM's and GuideLLM's benchmarks read them) or a built-in text workload (builtin:continue, builtin:rewrite, builtin:code-edit, builtin:multiturn), instead of random token ids; `random` for those (default: the artifact's [serve].workload dataset).", show_default=False)] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option(help="Model folder whose tokenizer counts a dataset's prompts and answers (default: the target folder's model; needed for a URL to take output lengths from reference answers).", show_default=False)] = None,
     concurrency: Ints = None,
     rate: Rates = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="Concurrency 1, 2, 4, ... until throughput stops growing.")] = False,
@@ -54,14 +56,17 @@ def bench(
         llmopt bench artifacts/quickstart --sweep --max-concurrency 2 --input-len 128 --output-len 16 -n 8 --slo ttft_p99_ms=2000
 
         llmopt bench http://127.0.0.1:8000/v1 --rate 1,2 -n 8 --input-len 128 --output-len 16 --format json
+
+        llmopt bench artifacts/quickstart --dataset builtin:multiturn --endpoint chat -c 2 -n 4 --warmup 1 --split off
     """
     from llmopt import api
 
     out = sink(format)
-    workload = {k: v for k, v in (("input_len", input_len), ("output_len", output_len)) if v is not None}
+    workload = _workload(input_len, output_len, dataset)
     options = {"concurrency": _numbers(concurrency, int, "--concurrency"), "rate": _numbers(rate, float, "--rate"),
                "sweep": sweep, "max_concurrency": max_concurrency, "endpoint": endpoint, "model": model, "engine": engine,
                "port": port, "ignore_eos": ignore_eos, "vocab_size": vocab_size, "seed": seed, "request_timeout_s": timeout,
+               "tokenizer": str(tokenizer.expanduser().resolve()) if tokenizer else None,
                "startup_timeout_s": startup_timeout, "plots": plots,
                **{k: v for k, v in (("requests", requests), ("warmup", warmup), ("repeats", repeats),
                                     ("split", _split(split))) if v is not None}}
@@ -72,6 +77,28 @@ def bench(
     except KeyboardInterrupt:
         raise Interrupted("interrupted; any server that llmopt bench started has been stopped") from None
     out.result(result, lambda c: _show(c, result, output))
+
+
+def _workload(input_len: int | None, output_len: int | None, dataset: str | None) -> dict:
+    """The workload fields the command sets. --output-len makes a dataset's output lengths fixed; --dataset names
+    a file (made absolute: the bench of an artifact reads it from another folder), a built-in, or `random`."""
+    from llmopt.bench import dataset as datasets
+    from llmopt.errors import UsageError
+
+    workload = {k: v for k, v in (("input_len", input_len), ("output_len", output_len)) if v is not None}
+    if output_len is not None:
+        workload["output_len_from"] = "fixed"
+    if dataset is None:
+        return workload
+    if dataset == "random":
+        return workload | {"dataset": None}
+    if input_len is not None:
+        raise UsageError("--input-len does not apply with --dataset: the prompts are the data set's",
+                         fix="drop --input-len, or use --dataset random for random token-id prompts")
+    path = datasets.resolve(dataset)
+    spec = dataset if path is None else str(path.resolve())
+    datasets.load(spec)  # a missing file or a bad record: exit 2 now, naming the line, not a failed run
+    return workload | {"dataset": spec}
 
 
 def _numbers(values: list[str] | None, kind, flag: str) -> list:

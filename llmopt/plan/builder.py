@@ -118,9 +118,10 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
     if scope == "tune":
         builder.tune(deploy, model)
     else:
-        from llmopt.bench.stage import artifact_bench_options
+        from llmopt.bench.stage import artifact_bench_options, dataset_facts
 
         options = artifact_bench_options(loaded.recipe, bench or {})
+        problems += dataset_facts(loaded, options.workload)[0]
         inputs = {"model": model.name, **({"deploy": deploy.name} if deploy is not None else {})}
         builder.add(Stage("bench", "bench", options.engine, ("bench",), options, inputs, volatile=True))
     assign_keys(builder.stages)
@@ -343,14 +344,17 @@ class _Builder:
         measured (``llmopt.bench.stage``); no [serve] section, or an engine not installed here, is an error."""
         if not self.loaded.recipe.bench.enabled:
             return
-        from llmopt.bench.stage import bench_options, plan_problems
+        from llmopt.bench.stage import bench_options, dataset_facts, plan_problems
 
         found = plan_problems(self.loaded)
         self.problems += found
         if deploy is None or found:
             return
-        self.add(Stage("bench", "bench", deploy.backend, ("bench",), bench_options(self.loaded.recipe),
-                       {"model": model_stage.name, "deploy": deploy.name}))
+        options = bench_options(self.loaded.recipe)
+        found, material = dataset_facts(self.loaded, options.workload)
+        self.problems += found
+        self.add(Stage("bench", "bench", deploy.backend, ("bench",), options,
+                       {"model": model_stage.name, "deploy": deploy.name}, material))
 
     def tune(self, deploy: Stage | None, model_stage: Stage) -> None:
         """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``),
@@ -363,10 +367,14 @@ class _Builder:
         self.problems += found
         if deploy is None or any(p.severity == "error" for p in found):
             return
+        from llmopt.bench.stage import dataset_facts
+
         options = tune_options(self.loaded.recipe)
+        found, material = dataset_facts(self.loaded, options.workload)
+        self.problems += found
         self.add(Stage("tune", "tune", deploy.backend, ("tune",), options,
                        {"model": model_stage.name, "deploy": deploy.name},
-                       {"engine_available": engine_available(options.engine)}))
+                       {"engine_available": engine_available(options.engine), **material}))
 
 
 def served_options(options, url: str, item):

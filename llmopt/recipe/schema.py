@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 SCHEMA_VERSION = 1
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # recipe and eval names: they name folders and files
@@ -124,9 +124,29 @@ class ComputeSection(Section):
 
 
 class Workload(Section):
-    input_len: int = Field(1024, ge=1, description="Typical prompt length in tokens.")
+    input_len: int = Field(1024, ge=1, description="Typical prompt length in tokens (random token-id prompts of "
+                           "this length when there is no dataset).")
     output_len: int = Field(256, ge=1, description="Typical generated length in tokens.")
     concurrency: int = Field(16, ge=1, description="Concurrent requests the server should sustain.")
+    dataset: str | None = Field(
+        None, description="Prompts from a data set instead of random token ids: a .jsonl file of plain prompts or "
+        "chat conversations, as vLLM's and GuideLLM's benchmarks read them (relative to the recipe's folder), or a "
+        "built-in text workload (builtin:continue, builtin:rewrite, builtin:code-edit, builtin:multiturn; `llmopt ls "
+        "data`). The bench, tune and sweep stages send it; input_len is then unused (docs/bench.md).")
+    output_len_from: Literal["data", "fixed"] = Field(
+        "data", description="With a dataset: each request's output length from its record (an output-token count, "
+        "else its reference answer's length) where it gives one, else output_len (data); or output_len for every "
+        "request (fixed).")
+
+    @model_serializer(mode="wrap")
+    def _without_unused_text_fields(self, handler):
+        # Without a dataset the text fields say nothing: left out, a workload dumps (and keys stages) as before
+        # they existed.
+        data = handler(self)
+        if self.dataset is None:
+            data.pop("dataset", None)
+            data.pop("output_len_from", None)
+        return data
 
 
 class SLO(Section):

@@ -142,7 +142,10 @@ class TuneStage(StageKind):
     Options = TuneStageOptions
 
     def run(self, options: TuneStageOptions, ctx: StageContext) -> dict:
+        from llmopt.bench.stage import located
         from llmopt.tune import report
+
+        options = options.model_copy(update={"workload": located(options.workload, ctx)})
 
         model = ctx.input_manifests["model"]
         manifest = {"recipe": {"name": ctx.recipe.recipe.name, "resolved": ctx.recipe.recipe.model_dump(mode="json")},
