@@ -297,7 +297,7 @@ class Tokens:
     def __init__(self, folder: Path | None):
         from llmopt.data.counting import model_tokenizer
 
-        self.folder = Path(folder) if folder else None
+        self.folder = Path(folder).resolve() if folder else None  # the model folder, not a link to it
         self.tokenizer = model_tokenizer(str(folder)) if folder else None
         self.template = None
         if self.folder is not None:

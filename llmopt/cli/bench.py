@@ -57,7 +57,7 @@ def bench(
 
         llmopt bench http://127.0.0.1:8000/v1 --rate 1,2 -n 8 --input-len 128 --output-len 16 --format json
 
-        llmopt bench artifacts/quickstart --dataset builtin:multiturn --endpoint chat -c 2 -n 4 --warmup 1 --split off
+        llmopt bench artifacts/quickstart --dataset builtin:multiturn --endpoint chat -c 2 -n 4 --warmup 1 --repeats 1 --split off
     """
     from llmopt import api
 
