@@ -53,9 +53,9 @@ def bench(
 
         llmopt bench http://127.0.0.1:8000 --input-len 128 --output-len 16 -c 1,4 -n 8
 
-        llmopt bench artifacts/quickstart --sweep --max-concurrency 2 --input-len 128 --output-len 16 -n 8 --slo ttft_p99_ms=2000
+        llmopt bench artifacts/quickstart --sweep --max-concurrency 2 --input-len 128 --output-len 16 -n 8 --slo ttft_p99_ms=2000 --split off
 
-        llmopt bench http://127.0.0.1:8000/v1 --rate 1,2 -n 8 --input-len 128 --output-len 16 --format json
+        llmopt bench http://127.0.0.1:8000/v1 --rate 1,2 -n 8 --input-len 128 --output-len 16 --split off --format json
 
         llmopt bench artifacts/quickstart --dataset builtin:multiturn --endpoint chat -c 2 -n 4 --warmup 1 --repeats 1 --split off
     """
