@@ -261,7 +261,7 @@ LAYERS = [
     ["llmopt", "llmopt.errors", "llmopt.sysinfo", "llmopt.libraries", "llmopt.model.formats", "llmopt.catalog",
      "llmopt.model.modelinfo", "llmopt.output"],
     ["llmopt.recipe", "llmopt.registry", "llmopt.store.cache", "llmopt.data", "llmopt.data.calibration", "llmopt.model.memory",
-     "llmopt.scoring.gate", "llmopt.store.verify"],
+     "llmopt.scoring.gate", "llmopt.store.verify", "llmopt.model.chat"],
     # the size model asks each backend for its layout, as the planner does; the compress placement uses the
     # size model, and the compress backends follow it
     ["llmopt.runtimes", "llmopt.scoring.evalkit", "llmopt.deploy", "llmopt.deploy.validate_engine", "llmopt.backends",

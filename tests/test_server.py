@@ -23,7 +23,7 @@ import pytest
 
 from llmopt.errors import UsageError
 from llmopt.server import ServedModel, bind, create_app
-from llmopt.server.chat import NoChatTemplate, read_template, render_chat, render_template, special_tokens
+from llmopt.model.chat import NoChatTemplate, read_template, render_chat, render_template, special_tokens
 from llmopt.server.model import load_model, locate
 from llmopt.server.text import TextStream
 

@@ -301,7 +301,7 @@ class Tokens:
         self.tokenizer = model_tokenizer(str(folder)) if folder else None
         self.template = None
         if self.folder is not None:
-            from llmopt.server.chat import read_template
+            from llmopt.model.chat import read_template
 
             self.template = read_template(self.folder) if _have("jinja2") else None
 
@@ -315,7 +315,7 @@ class Tokens:
     def render(self, messages: list[dict]) -> str:
         """The prompt text of a chat, as the model's template writes it (without a template: the contents)."""
         if self.template:
-            from llmopt.server.chat import render_template, special_tokens
+            from llmopt.model.chat import render_template, special_tokens
 
             return render_template(self.template, messages, special_tokens(self.folder))
         return "\n\n".join(m["content"] for m in messages)

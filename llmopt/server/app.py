@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 
 from llmopt.catalog.engines import SWEEP_QUEUE
 from llmopt.server import logprobs, schemas, workers
-from llmopt.server.chat import NoChatTemplate, render_chat
+from llmopt.model.chat import NoChatTemplate, render_chat
 from llmopt.server.metrics import CONTENT_TYPE, Metrics
 from llmopt.server.model import ServedModel
 from llmopt.server.scheduler import Job, QueueFull, Scheduler, needs_stream
