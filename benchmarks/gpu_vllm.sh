@@ -64,6 +64,14 @@
 # benchmarks/gpu_vllm.sh pack` packs vLLM, llm-compressor's and ModelOpt's wheels and .gpu/tokenizer (the
 # demo model's tokenizer saved by AutoTokenizer from its GGUF file, eos <|im_end|>) into four parts.
 #
+# The variant `spec` is speculative decoding on text: for each of GV_SPEC_MODELS (fp8 bf16: the variants' recipes,
+# without evals), the artifact without speculation and with ngram speculation of each of GV_SPEC_NGRAM ("4 8")
+# tokens (the models after the first get its first value only), each served once by vLLM from its own
+# launch config while benchmarks/spec_text.py runs the copy-heavy builtin:rewrite and the open-ended
+# builtin:continue text workloads (chat) at GV_SPEC_CONCURRENCY (1,8,32) with GV_SPEC_REQUESTS (16,48,96),
+# reading vLLM's speculation counters around each point and keeping GV_SPEC_ANSWERS (12) greedy answers
+# per workload for the lossless check; spec/ comes back in vllm-h200.tgz.
+#
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_C_<variant> and GV_N_<variant> (one variant's own points and requests, "-" as
 # "_": GV_C_fp8_8b=64,128), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
@@ -120,6 +128,30 @@ tune_step() {  # the variant `tune` (header): the FP8 artifact at a heavy load, 
     --repeats "${GV_TUNE_REPEATS:-1}" -n "${GV_TUNE_REQUESTS:-1024}" --warmup 32 -o "$W/tune" --format json \
     > "$W/tune.json" 2> "$W/tune.log"
   say "tune: tune exit $? in $(( $(date +%s) - t )) s"
+}
+
+spec_step() {  # the variant `spec` (header): speculative decoding on text workloads, one engine start per launch
+  local m k base targets=() t ks ngram=${GV_SPEC_NGRAM:-4 8} first=
+  for m in ${GV_SPEC_MODELS:-fp8 bf16}; do
+    read -r -a base <<< "$(recipe_of "$m")"
+    if [ -z "$first" ]; then first=$m; ks="off $ngram"; else ks="off ${ngram%% *}"; fi
+    for k in $ks; do
+      local over=(-s eval=[])
+      [ "$k" != off ] && over+=(-s serve.speculative_method=ngram -s serve.num_speculative_tokens="$k")
+      local name="$m-$( [ "$k" = off ] && echo off || echo "ngram$k")"
+      say "spec: llmopt run ${base[*]} ${over[*]} -> $name"
+      t=$(date +%s)
+      python3 -m llmopt run "${base[@]}" "${over[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/spec-$name" \
+        --format json > "$W/runs/spec-$name.run.json" 2> "$W/runs/spec-$name.run.log"
+      say "spec: $name run exit $? in $(( $(date +%s) - t )) s"
+      cp "$W/art/spec-$name/deploy/vllm/launch.sh" "$W/runs/spec-$name.launch.sh" 2>/dev/null
+      targets+=("$name=$W/art/spec-$name")
+    done
+  done
+  t=$(date +%s)
+  python3 benchmarks/spec_text.py "$W/spec" "${targets[@]}" --concurrency "${GV_SPEC_CONCURRENCY:-1,8,32}" \
+    --requests "${GV_SPEC_REQUESTS:-16,48,96}" --answers "${GV_SPEC_ANSWERS:-12}" > "$W/spec.log" 2>&1
+  say "spec: bench exit $? in $(( $(date +%s) - t )) s"
 }
 
 case $cmd in
@@ -203,6 +235,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     fi
     for v in ${GV_VARIANTS:-bf16 fp8 gptq awq int8}; do
       [ "$v" = tune ] && { tune_step; continue; }
+      [ "$v" = spec ] && { spec_step; continue; }
       if [ "$v" = sweep ]; then  # the variant `sweep` (header): llmopt sweep, its own report, no bench
         say "sweep: llmopt sweep ${GV_SWEEP:-benchmarks/quickstart-4bit.toml}"
         t=$(date +%s)
@@ -242,7 +275,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     cat "$W/progress.log" 2>/dev/null; tail -5 "$W/run.log" 2>/dev/null
     (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs \
       $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl \
-        sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json 2>/dev/null))
+        sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json \
+        spec.log spec/summary.json spec/*/points.jsonl spec/*/answers-*.jsonl spec/*/engine.log spec/*/*/bench.json 2>/dev/null))
     [ -d "$W/cache/tune" ] && (cd "$W" && tar -czf "$OUT/tune.tgz" --exclude=requests.jsonl cache/tune \
       $(ls -d tune.json tune.log tune 2>/dev/null))
     cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;
