@@ -17,6 +17,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from llmopt import apikey
 from llmopt.libraries import collector_paused, require
 
 LAG_TICK_S = 0.005
@@ -166,13 +167,14 @@ async def _body_sent(session, ctx, params) -> None:
 def session(timeout_s: float):
     """An HTTP session without a connection limit that stamps ``Record.sent`` when a body is written,
     so that the client's own queueing before the send (a burst of requests at the start of a
-    closed loop) is not counted as the server's latency."""
+    closed loop) is not counted as the server's latency. Every request carries the key in
+    ``LLMOPT_API_KEY`` as ``Authorization: Bearer``, when it is set."""
     aiohttp = require("aiohttp", "bench", "llmopt bench")
     trace = aiohttp.TraceConfig()
     trace.on_request_chunk_sent.append(_body_sent)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                 read_bufsize=2**16, trace_configs=[trace])
+                                 read_bufsize=2**16, trace_configs=[trace], headers=apikey.headers())
 
 
 async def closed_loop(http, url: str, items: list[tuple[bytes, bool]], concurrency: int, mark: Mark) -> list[Record]:

@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from llmopt import apikey
 from llmopt.bench import client, engine, metrics, report, split, workload as wl
 from llmopt.bench.options import SLO, BenchOptions, Workload
 from llmopt.errors import StageFailed, UsageError
@@ -27,10 +28,19 @@ def base_url(url: str) -> str:
 
 
 def served_models(url: str) -> dict:
-    """GET /v1/models, or a StageFailed saying that nothing OpenAI-compatible answers there."""
+    """GET /v1/models (with the key in LLMOPT_API_KEY, when set), or a StageFailed saying that nothing
+    OpenAI-compatible answers there, or that it wants a key."""
+    request = urllib.request.Request(f"{url}/v1/models", headers=apikey.headers())
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as resp:
+        with urllib.request.urlopen(request, timeout=30) as resp:
             return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            sent = "the key in LLMOPT_API_KEY was refused" if apikey.from_env() else "no key was sent"
+            raise StageFailed(f"the server at {url} wants an API key: GET /v1/models answered {exc.code} ({sent})",
+                              where=url, fix=f"set {apikey.ENV} to the key the server was started with") from None
+        raise StageFailed(f"no OpenAI-compatible server answers at {url}/v1/models: {exc}", where=url,
+                          fix="start the server first, or check the URL (http://HOST:PORT)") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise StageFailed(f"no OpenAI-compatible server answers at {url}/v1/models: {exc}", where=url,
                           fix="start the server first, or check the URL (http://HOST:PORT)") from None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from llmopt import apikey
 from llmopt.cli.app import FormatOpt, app, sink
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -16,7 +18,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def serve(
     path: Annotated[Path, typer.Argument(help="An artifact folder (manifest.json and model/) or a model folder.",
                                          show_default=False)],
-    host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 opens it to the network (no authentication).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 opens it to the network (then require a key: --api-key / LLMOPT_API_KEY).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
     runtime: Annotated[str, typer.Option(help="auto (by the model's format: transformers for hf, onnxruntime for onnx), or a runtime name.")] = "auto",
     max_queue: Annotated[Optional[int], typer.Option(min=0, help="Requests that may wait while others generate; more are "
@@ -29,13 +31,18 @@ def serve(
     model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
     device: Annotated[str, typer.Option(help="auto: an ONNX model on the EP its graph was built for (cpu or cuda), "
                                         "a Hugging Face one on the GPU when torch sees one; or cpu, cuda, cuda:N.")] = "auto",
+    api_key: Annotated[Optional[str], typer.Option(envvar="LLMOPT_API_KEY", show_envvar=True, show_default=False,
+                                                   help="Require `Authorization: Bearer KEY` on every route but /health "
+                                                   "and /metrics (401 without it). Prefer setting LLMOPT_API_KEY: a "
+                                                   "command line is visible to every user of the machine.")] = None,
     format: FormatOpt = "human",
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
 
     Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
-    One request generates at a time (``--parallel N``: N at once) while others wait in a bounded queue;
+    One request generates at a time (``--parallel N``: N at once) while others wait in a bounded queue.
+    With a key (LLMOPT_API_KEY, or --api-key), clients send it as OpenAI's ``Authorization: Bearer``;
     see docs/serve.md.
 
     Examples:
@@ -46,7 +53,7 @@ def serve(
 
         llmopt serve artifacts/quickstart --parallel 2 --port 8081
 
-        llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
+        LLMOPT_API_KEY=$(openssl rand -hex 32) llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
     """
     from llmopt import server
     from llmopt.server.model import default_queue, locate
@@ -54,6 +61,7 @@ def serve(
     from llmopt.errors import UsageError
 
     out = sink(format)
+    api_key = _checked_key(api_key)
     if runtime != "auto" and runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r}", fix=f"use auto or one of: {', '.join(RUNTIMES)}")
     locate(path)  # a bad path fails before the port is taken
@@ -68,13 +76,30 @@ def serve(
     bound_host, bound_port = sock.getsockname()[:2]
     info = {"url": f"http://{_url_host(bound_host)}:{bound_port}/v1", "model": served.name,
             "model_dir": str(served.model_dir), "format": served.format, "runtime": served.runtime.name,
-            "max_model_len": served.max_model_len, "max_queue": max_queue, "parallel": parallel}
+            "max_model_len": served.max_model_len, "max_queue": max_queue, "parallel": parallel,
+            "authentication": "bearer" if api_key else "none"}
     out.result(info, lambda c: c.print(f"serving [bold]{served.name}[/] ({served.format}, {served.runtime.name}, "
                                        f"context {served.max_model_len}) at {info['url']}"))
     out.flush()  # the document now: the command serves until it is stopped
-    if host not in LOOPBACK:
-        out.warn(f"listening on {host}: anyone who can reach this machine can use the server (no authentication)")
-    server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning", parallel=parallel)
+    if host not in LOOPBACK and not api_key:
+        out.warn(f"listening on {host} without an API key: anyone who can reach this machine can use the server; "
+                 "set LLMOPT_API_KEY (or pass --api-key) to require one")
+    if api_key and os.environ.get(apikey.ENV) != api_key:
+        out.warn("the key given with --api-key is visible to every user of this machine (ps); prefer LLMOPT_API_KEY")
+    server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning", parallel=parallel,
+                 api_key=api_key)
+
+
+def _checked_key(key: str | None) -> str | None:
+    """The key, None for none (an empty LLMOPT_API_KEY included), or a usage error naming what is wrong."""
+    from llmopt.errors import UsageError
+
+    if not key:
+        return None
+    if problem := apikey.problem(key):
+        raise UsageError(problem, where=f"--api-key / {apikey.ENV}",
+                         fix="make one with `openssl rand -hex 32` or `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+    return key
 
 
 def _url_host(host: str) -> str:

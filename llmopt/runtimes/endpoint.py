@@ -14,8 +14,9 @@ same tokens):
 * ``chat`` posts ``/v1/chat/completions`` with a user message.
 
 The served model name comes from ``GET /v1/models`` unless given. An API key,
-when the server needs one, is read from ``LLMOPT_API_KEY`` (never written
-anywhere).
+when the server needs one, is read from ``LLMOPT_API_KEY`` and sent as
+``Authorization: Bearer`` (never written anywhere); a server that refuses it
+fails with a message that says so.
 
 ``probe`` asks a server, in a few small requests, whether it can do what an eval
 needs (it answers; it echoes prompt log-probabilities; it generates; it chats),
@@ -25,10 +26,10 @@ Needs: httpx, and transformers for the tokenizer.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from llmopt import apikey
 from llmopt.libraries import require
 from llmopt.runtimes import hf_adds_bos
 from llmopt.errors import StageFailed
@@ -48,8 +49,15 @@ NEED_WORDS = {
 
 
 def auth_headers() -> dict:
-    key = os.environ.get("LLMOPT_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    """``Authorization: Bearer`` with the key in LLMOPT_API_KEY, when it is set (llmopt/apikey.py)."""
+    return apikey.headers()
+
+
+def key_refused(url: str, status: int) -> tuple[str, str]:
+    """(message, fix) for a server that refused the request for want of the right API key."""
+    sent = f"the key in {apikey.ENV} was refused" if apikey.from_env() else "no key was sent"
+    return (f"endpoint {url} wants an API key: GET /models answered {status} ({sent})",
+            f"set {apikey.ENV} to the key the server was started with")
 
 
 def base_url(url: str) -> str:
@@ -112,6 +120,9 @@ class EndpointRuntime:
 
         try:
             response = self.client.get(self.url + "/models")
+            if response.status_code in (401, 403):
+                message, fix = key_refused(self.url, response.status_code)
+                raise StageFailed(message, fix=fix)
             response.raise_for_status()
             models = response.json().get("data") or []
         except (httpx.HTTPError, ValueError) as exc:
@@ -184,6 +195,8 @@ def probe(url: str, needs, served_model: str | None = None, timeout: float = 60.
     with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), headers=auth_headers()) as client:
         try:
             response = client.get(base + "/models")
+            if response.status_code in (401, 403):
+                return [key_refused(base, response.status_code)]
             models = (response.json().get("data") or []) if response.status_code < 400 else []
         except httpx.HTTPError as exc:
             return [(f"endpoint {base} does not answer: {exc}",

@@ -4,7 +4,8 @@
 for Hugging Face folders, ONNX Runtime GenAI for ``genai_config.json`` folders);
 ``create_app`` builds the FastAPI app (llmopt/server/app.py); ``serve`` runs it
 under uvicorn. Needs: fastapi and uvicorn (the ``serve`` extra), jinja2 for chat
-templates of runtimes without a transformers tokenizer.
+templates of runtimes without a transformers tokenizer. With an API key (``llmopt serve --api-key`` or
+``LLMOPT_API_KEY``), every route but /health and /metrics wants ``Authorization: Bearer <key>``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from llmopt.server.model import ServedModel, load_model
 __all__ = ["ServedModel", "bind", "create_app", "load_model", "serve"]
 
 
-def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1):
+def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1, api_key: str | None = None):
     from llmopt.libraries import require
 
     require("fastapi", "serve", "llmopt serve")
     from llmopt.server.app import create_app as build
 
-    return build(served, max_queue, parallel)
+    return build(served, max_queue, parallel, api_key)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -41,12 +42,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(served: ServedModel, sock: socket.socket, max_queue: int = SWEEP_QUEUE, log_level: str = "info",
-          parallel: int = 1) -> None:
-    """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish."""
+          parallel: int = 1, api_key: str | None = None) -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish. With
+    ``api_key``, requests must carry it as ``Authorization: Bearer <key>`` (llmopt/server/auth.py)."""
     from llmopt.libraries import require
 
     uvicorn = require("uvicorn", "serve", "llmopt serve")
-    config = uvicorn.Config(create_app(served, max_queue, parallel), log_level=log_level, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(create_app(served, max_queue, parallel, api_key), log_level=log_level, timeout_graceful_shutdown=30)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly

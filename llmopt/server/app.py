@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
 server-sent events with ``stream: true``), ``GET /v1/models``, ``GET /health`` and
-``GET /metrics``. Generation runs on the scheduler's worker threads; a handler
+``GET /metrics``; with an API key, every route but the last two wants it (llmopt/server/auth.py).
+Generation runs on the scheduler's worker threads; a handler
 tokenizes, queues a job and relays the job's events. A client that goes away
 cancels its job: a streamed answer notices when its send is cancelled, a plain
 one polls for the disconnect while it waits. A completion with ``echo`` and
@@ -26,6 +27,7 @@ from starlette.background import BackgroundTask
 from llmopt.catalog.engines import SWEEP_QUEUE
 from llmopt.server import logprobs, schemas, workers
 from llmopt.model.chat import NoChatTemplate, render_chat
+from llmopt.server.auth import ApiKeyMiddleware
 from llmopt.server.metrics import CONTENT_TYPE, Metrics
 from llmopt.server.model import ServedModel
 from llmopt.server.scheduler import Job, QueueFull, Scheduler, needs_stream
@@ -45,9 +47,12 @@ class ApiError(Exception):
         self.status, self.body = status, schemas.error_body(message, kind, code, param)
 
 
-def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1) -> FastAPI:
+def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1,
+               api_key: str | None = None) -> FastAPI:
     """The app serving ``served``; its ``parallel`` worker threads run while the app's lifespan does, each
-    generating in a process of its own when ``parallel`` > 1 and the runtime is not ``concurrent``."""
+    generating in a process of its own when ``parallel`` > 1 and the runtime is not ``concurrent``. With
+    ``api_key``, a request without ``Authorization: Bearer <api_key>`` is answered 401 (but /health and
+    /metrics)."""
     metrics = Metrics()
     generators = None
     if parallel > 1 and not getattr(served.runtime, "concurrent", False):
@@ -66,6 +71,8 @@ def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int 
     app = FastAPI(title="llmopt serve", summary=f"OpenAI-compatible API over {served.name}", lifespan=lifespan)
     app.state.served, app.state.scheduler, app.state.metrics = served, scheduler, metrics
     add_error_handlers(app, metrics)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, key=api_key)
     created = int(time.time())
 
     @app.post("/v1/completions")
