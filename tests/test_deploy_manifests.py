@@ -85,7 +85,9 @@ def test_images_without_a_non_root_user_still_drop_privilege_escalation(tmp_path
 @pytest.mark.parametrize("engine, ready, live", [
     ("vllm", "/health", "/health"),
     ("trtllm", "/health", "/health"),
-    ("sglang", "/ready", "/health"),  # SGLang's /health generates a token; /ready does not
+    # SGLang's /ready wants the API key (only /health* and /metrics are open), so /health, which generates a
+    # token, is the readiness route too, with a timeout that lets it
+    ("sglang", "/health", "/health"),
 ])
 def test_each_engine_gets_its_readiness_and_liveness_routes(tmp_path, engine, ready, live):
     _, folder = render(tmp_path, engine)
@@ -95,8 +97,10 @@ def test_each_engine_gets_its_readiness_and_liveness_routes(tmp_path, engine, re
     assert container["startupProbe"]["httpGet"]["path"] == ready
     assert container["livenessProbe"]["httpGet"]["path"] == live
     assert ready in " ".join(service["healthcheck"]["test"])
-    if engine == "sglang":  # a liveness generation may wait up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
-        assert container["livenessProbe"]["timeoutSeconds"] > 20
+    if engine == "sglang":  # a /health generation may wait up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["timeoutSeconds"] > 20
+        assert int(service["healthcheck"]["timeout"].rstrip("s")) > 20
 
 
 def test_trtllm_compose_keeps_the_ngc_entrypoint_and_nvidias_ulimits(tmp_path):

@@ -153,11 +153,17 @@ def test_sglang_gives_every_node_its_rank_and_the_leaders_address(tmp_path):
     leader, worker = node_args(folder)
     assert leader == worker
     assert "--tp-size 8 --pp-size 2" in leader
+    # the API key, from the Secret the pod's environment holds, is passed by the shell that runs the command
     assert leader.endswith("--nnodes $(LWS_GROUP_SIZE) --node-rank $(LWS_WORKER_INDEX) "
-                           "--dist-init-addr $(LWS_LEADER_ADDRESS):20000")
+                           '--dist-init-addr $(LWS_LEADER_ADDRESS):20000 ${LLMOPT_API_KEY:+--api-key "$LLMOPT_API_KEY"}')
     compose = yaml.safe_load((folder / "docker-compose.yaml").read_text())["services"]
     assert "--node-rank 0 --dist-init-addr ${LEADER_ADDRESS:?}:20000" in compose["leader"]["command"][0]
     assert "--node-rank ${NODE_RANK:?}" in compose["worker"]["command"][0]
+    assert compose["leader"]["command"][0].endswith('$${LLMOPT_API_KEY:+--api-key "$$LLMOPT_API_KEY"}')
+    assert compose["leader"]["environment"]["LLMOPT_API_KEY"] == "${LLMOPT_API_KEY:-}"
+    # host networking: the leader listens on the recipe's publish_host of its machine, 127.0.0.1 by default
+    assert "--host 127.0.0.1 " in compose["leader"]["command"][0] and "0.0.0.0" not in compose["leader"]["command"][0]
+    assert '--host "${LLMOPT_HOST:-127.0.0.1}"' in (folder / "launch.sh").read_text()
 
 
 def test_a_single_node_recipe_writes_a_deployment_as_before(tmp_path):

@@ -6,7 +6,13 @@ PersistentVolumeClaim holding a copy of the artifact), so the model is at
 ``/artifact/model`` and the engine's config at ``/artifact/deploy/<engine>/``; an engine that
 names the model by its folder (trtllm-serve) gets the model folder again at
 ``/models/<served name>``. No secret is written: the Hugging Face token is a reference
-(``${HF_TOKEN}`` from the shell that runs compose; a Secret ``hf-token`` in Kubernetes, optional).
+(``${HF_TOKEN}`` from the shell that runs compose; a Secret ``hf-token`` in Kubernetes, optional), and
+so is the API key clients must send (``Authorization: Bearer``): ``${LLMOPT_API_KEY}`` from the shell
+that runs compose or launch.sh, the Secret ``llmopt-api-key`` (key ``api-key``, required) in
+Kubernetes, handed to each engine the way it reads one (``Launch.key_env``, ``Launch.key_flag``;
+TensorRT-LLM checks none). Inside a container the engine listens on every interface; compose publishes
+the port on ``publish_host`` only (127.0.0.1 unless the recipe says otherwise), and launch.sh listens
+there too unless ``LLMOPT_HOST`` says otherwise.
 
 What a platform team expects of the manifests:
 
@@ -22,14 +28,16 @@ YAML is written with pyyaml (the ``deploy`` extra).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from llmopt import apikey
 from llmopt.recipe.schema import Options
 from llmopt.libraries import require
 
@@ -50,6 +58,20 @@ class DeploymentOptions(Options):
                          "counted in the container's memory.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Kubernetes nodeSelector of the pod, "
                                           "e.g. {\"nvidia.com/gpu.product\" = \"NVIDIA-H100-80GB-HBM3\"}.")
+    publish_host: str = Field("127.0.0.1", description="Host address clients reach the server on: docker-compose.yaml "
+                              "publishes the port there and launch.sh listens there (LLMOPT_HOST overrides it when it "
+                              "runs). 127.0.0.1: this machine only; 0.0.0.0: every interface, then set LLMOPT_API_KEY "
+                              "(TensorRT-LLM checks no key: put an authenticating proxy in front; docs/deploy.md).")
+
+    @field_validator("publish_host")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address: use 127.0.0.1 (this machine only), 0.0.0.0 (every "
+                             "interface) or one address of this machine") from None
+        return value
 
 
 @dataclass
@@ -74,6 +96,9 @@ class Launch:
     served_dir: bool = False  # the engine names the model by its folder: serve it from a folder named `name`
     host_memory_gib: int = 0  # memory the process holds besides the engine's own (a CPU-served model)
     notes: list[str] = field(default_factory=list)  # comment lines of launch.sh (why an argument has its value)
+    key_env: str | None = None  # the variable the engine reads its API key from; None: it checks no key
+    key_flag: str | None = None  # the option that takes the key, for an engine that reads no variable (SGLang)
+    ready_timeout: int = 5  # seconds a readiness answer may take
 
     def argv(self, root: str, model: str | None = None) -> list[str]:
         """The full command with paths under ``root`` (the artifact folder)."""
@@ -110,6 +135,36 @@ def dns_name(name: str) -> str:
     return (text or "llmopt")[:63].rstrip("-")
 
 
+def published(host: str, port: int) -> str:
+    """compose's ``ports`` entry: ``port`` published on ``host`` only."""
+    return f"[{host}]:{port}:{port}" if ":" in host else f"{host}:{port}:{port}"
+
+
+def key_lines(launch: Launch) -> list[str]:
+    """launch.sh lines that hand ``$LLMOPT_API_KEY`` to the engine's own variable, when it has one."""
+    if launch.key_env and launch.key_env != apikey.ENV:
+        return [f'if [ -n "${{{apikey.ENV}:-}}" ]; then export {launch.key_env}="${apikey.ENV}"; fi']
+    return []
+
+
+def key_words(launch: Launch) -> str:
+    """Shell words that pass ``$LLMOPT_API_KEY`` to the engine's key option, when it is set ('' without one)."""
+    return f'${{{apikey.ENV}:+{launch.key_flag} "${apikey.ENV}"}}' if launch.key_flag else ""
+
+
+def key_note(launch: Launch) -> str:
+    """What protects the server, for the files' headers."""
+    if not launch.key_env:
+        return (f"{launch.engine} checks no API key: keep it on 127.0.0.1 or behind an authenticating proxy "
+                "(docs/deploy.md)")
+    return f"clients send the key in {apikey.ENV} as `Authorization: Bearer` (docs/deploy.md)"
+
+
+def local_host(argv: list[str], host: str) -> list[str]:
+    """``argv`` with the value of its ``--host`` replaced by ``host`` (launch.sh: outside a container)."""
+    return [host if i and argv[i - 1] == "--host" else part for i, part in enumerate(argv)]
+
+
 def dump_yaml(doc, path: Path, header: str = "", comments: dict[str, str] | None = None) -> None:
     """Write ``doc`` as YAML under ``header``, with a comment line above each top-level key of ``comments``."""
     yaml = require("yaml", "deploy", "writing deployment files", package="pyyaml")
@@ -138,19 +193,25 @@ def health_check_command(port: int, path: str) -> list[str]:
 
 def compose(launch: Launch) -> dict:
     argv = launch.argv(MOUNT, launch.container_model)
+    if launch.key_flag:  # compose puts the key of the shell that runs it there; empty: no key
+        argv += [launch.key_flag, f"${{{apikey.ENV}:-}}"]
     service = {"image": launch.image}
     if launch.keep_entrypoint:
         service["command"] = argv
     else:
         service |= {"entrypoint": launch.entrypoint, "command": argv[len(launch.entrypoint):]}
     volumes = [f"../..:{MOUNT}:ro"] + ([f"../../model:{launch.container_model}:ro"] if launch.served_dir else [])
+    environment = {"HF_TOKEN": "${HF_TOKEN:-}", **launch.env}
+    if launch.key_env:
+        environment[launch.key_env] = f"${{{apikey.ENV}:-}}"
     service |= {
-        "ports": [f"{launch.port}:{launch.port}"],
+        "ports": [published(launch.deployment.publish_host, launch.port)],
         "volumes": volumes,
-        "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **launch.env},
+        "environment": environment,
         "shm_size": f"{launch.deployment.shm_gib}gb",
         "healthcheck": {"test": health_check_command(launch.port, launch.ready_path), "interval": "30s",
-                        "timeout": "10s", "retries": 3, "start_period": f"{STARTUP_SECONDS}s"},
+                        "timeout": f"{max(10, launch.ready_timeout)}s", "retries": 3,
+                        "start_period": f"{STARTUP_SECONDS}s"},
         "restart": "unless-stopped",
     }
     if launch.user:
@@ -181,7 +242,12 @@ def container(launch: Launch) -> dict:
     argv = launch.argv(MOUNT, launch.container_model)
     env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_TOKEN_SECRET, "key": "token",
                                                                "optional": True}}}]
+    if launch.key_env:  # required: a pod without the Secret does not start, rather than serve everyone
+        env.append({"name": launch.key_env, "valueFrom": {"secretKeyRef": {"name": apikey.SECRET,
+                                                                             "key": apikey.SECRET_KEY}}})
     env += [{"name": k, "value": v} for k, v in launch.env.items()]
+    if launch.key_flag:  # Kubernetes expands $(VAR) in args from the container's environment
+        argv += [launch.key_flag, f"$({launch.key_env})"]
     quantities = {"cpu": launch.cpus, "memory": f"{launch.memory_gib}Gi"}
     if launch.gpus:
         quantities["nvidia.com/gpu"] = launch.gpus
@@ -198,8 +264,8 @@ def container(launch: Launch) -> dict:
         "env": env,
         "resources": {"requests": dict(quantities), "limits": dict(quantities)},
         "securityContext": security_context(launch),
-        "startupProbe": _probe(launch.ready_path, 10, STARTUP_SECONDS // 10),
-        "readinessProbe": _probe(launch.ready_path, 10, 3),
+        "startupProbe": _probe(launch.ready_path, 10, STARTUP_SECONDS // 10, launch.ready_timeout),
+        "readinessProbe": _probe(launch.ready_path, 10, 3, launch.ready_timeout),
         "livenessProbe": _probe(launch.live_path, 30, 3, launch.live_timeout),
         "volumeMounts": mounts,
     }
@@ -236,6 +302,7 @@ def launch_script(launch: Launch) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# Starts {launch.engine} on this machine for the artifact two folders up (written by llmopt).",
+        f"# It listens on {launch.deployment.publish_host} (LLMOPT_HOST: another address); {key_note(launch)}.",
         *[f"# {note}" for note in launch.notes],
         "set -euo pipefail",
         'cd "$(dirname "$0")/../.."',
@@ -244,8 +311,11 @@ def launch_script(launch: Launch) -> str:
     if launch.served_dir:  # the engine names the model by its folder: a folder named like the recipe
         lines += ['served="${LLMOPT_RUN_DIR:-$(mktemp -d)}"', f'ln -sfn "$PWD/model" "$served/{launch.name}"']
         model = f"$served/{launch.name}"
-    parts = [f'"{part}"' if model and part == model else shlex.quote(part) for part in launch.argv(".", model)]
-    lines += [f'exec {" ".join(parts)} "$@"', ""]
+    host = f'"${{LLMOPT_HOST:-{launch.deployment.publish_host}}}"'
+    argv = local_host(launch.argv(".", model), host)
+    parts = [part if part == host else f'"{part}"' if model and part == model else shlex.quote(part) for part in argv]
+    lines += key_lines(launch)
+    lines += [" ".join(["exec", *parts, *filter(None, [key_words(launch)]), '"$@"']), ""]
     return "\n".join(lines)
 
 
@@ -261,11 +331,14 @@ def write_all(folder: Path, launch: Launch, script: str | None = None) -> list[s
         client = f'clients send model="{launch.name}"'
         dump_yaml(compose(launch), folder / "docker-compose.yaml",
                   f"# {launch.engine} for {launch.name}: `docker compose up` in this folder (written by llmopt);"
-                  f" {client}.")
+                  f" {client}.\n# Published on {launch.deployment.publish_host}; {key_note(launch)}.")
         claim = f"{dns_name(launch.name)}-artifact"
+        secret = (f"\n# The API key comes from the Secret {apikey.SECRET!r} (key {apikey.SECRET_KEY!r}), which must "
+                  "exist: `kubectl create secret generic llmopt-api-key --from-literal=api-key=...`."
+                  if launch.key_env else f"\n# {key_note(launch)}.")
         dump_yaml_all(kubernetes(launch), folder / "kubernetes.yaml",
                       f"# {launch.engine} for {launch.name} (written by llmopt); {client}. The Deployment mounts the "
                       f"artifact folder\n# from the PersistentVolumeClaim {claim!r}; the token comes from the optional "
-                      f"Secret {HF_TOKEN_SECRET!r} (key \"token\").")
+                      f"Secret {HF_TOKEN_SECRET!r} (key \"token\").{secret}")
         written += ["docker-compose.yaml", "kubernetes.yaml"]
     return written

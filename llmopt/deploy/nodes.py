@@ -8,7 +8,9 @@ way: ``{leader}`` (the leader's address), ``{rank}`` (this node's index, 0 on th
 whose leader starts the processes of every node, as TensorRT-LLM's mpirun does), besides
 ``{model}`` and ``{config}`` (``files.Launch.argv``).
 
-* ``launch.sh`` reads ``NODE_RANK`` and ``LEADER_ADDRESS`` from the environment of each machine;
+* ``launch.sh`` reads ``NODE_RANK`` and ``LEADER_ADDRESS`` from the environment of each machine, and
+  the leader listens on ``publish_host`` (``LLMOPT_HOST`` when set); the API key is handed over as in
+  files.py;
 * ``docker-compose.yaml`` has a ``leader`` and a ``worker`` service with host networking (NCCL and
   the engine's rendezvous reach the other machines directly), run one per machine; compose
   interpolates ``$VAR`` itself, so a ``$`` of the shell text is written ``$$`` (compose
@@ -27,9 +29,11 @@ whose leader starts the processes of every node, as TensorRT-LLM's mpirun does),
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from dataclasses import dataclass
 
+from llmopt import apikey
 from llmopt.deploy import files
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -63,6 +67,11 @@ class NodeCommands:
                 self.worker.replace("$", dollar).format(**values))
 
 
+def listening_on(text: str, host: str) -> str:
+    """The command ``text`` with its server listening on ``host`` instead of every interface (outside a pod)."""
+    return re.sub(r"--host 0\.0\.0\.0(?=\s|$)", lambda _: f"--host {host}", text)
+
+
 def container_command(launch: files.Launch, text: str) -> dict[str, list[str]]:
     """The container fields that run ``text`` in bash: through the image's ENTRYPOINT when the launch keeps
     it (the NGC images set up CUDA there), else as the command itself."""
@@ -78,10 +87,12 @@ def launch_script(launch: files.Launch, commands: NodeCommands) -> str:
         served = ["mkdir -p /tmp/llmopt-served", f'ln -sfn "$PWD/model" {model}']
     leader, worker = commands.fill(launch, ".", model, '"$LEADER_ADDRESS"', '"$NODE_RANK"', str(commands.nodes),
                                    '${WORKER_ADDRESSES:?}')
+    host = launch.deployment.publish_host
+    leader, worker = (listening_on(text, f'"${{LLMOPT_HOST:-{host}}}"') for text in (leader, worker))
     return "\n".join([
         "#!/usr/bin/env bash",
         f"# Starts node $NODE_RANK of {commands.nodes} of one {launch.engine} replica for the artifact two folders up.",
-        "# (written by llmopt)",
+        f"# (written by llmopt) The leader listens on {host} (LLMOPT_HOST: another address); {files.key_note(launch)}.",
         "# Run it on every node: NODE_RANK=0 on the leader (it serves HTTP), 1..N-1 on the workers, and",
         "# LEADER_ADDRESS = the leader's address on the network the nodes share (workers start after the leader).",
         *[f"# {note}" for note in (*launch.notes, *commands.notes)],
@@ -89,6 +100,7 @@ def launch_script(launch: files.Launch, commands: NodeCommands) -> str:
         'cd "$(dirname "$0")/../.."',
         ': "${NODE_RANK:?set NODE_RANK: 0 on the leader, 1.. on the workers}"',
         ': "${LEADER_ADDRESS:?set LEADER_ADDRESS to the address of the leader node}"',  # no quote in the word
+        *files.key_lines(launch),
         *served,
         'if [ "$NODE_RANK" = 0 ]; then',
         f"  {leader}",
@@ -107,6 +119,8 @@ def compose(launch: files.Launch, commands: NodeCommands) -> dict:
                               "${NODE_RANK:?}", str(commands.nodes), "", "$$")
     base = files.compose(launch)["services"][files.dns_name(launch.name)]
     services = {}
+    # host networking: the leader listens on the host's publish_host itself (nothing is published)
+    leader, worker = (listening_on(text, launch.deployment.publish_host) for text in (leader, worker))
     for role, text in (("leader", leader), ("worker", worker)):
         service = {k: copy.deepcopy(v) for k, v in base.items()
                    if k not in ("ports", "healthcheck", "command", "entrypoint")}
@@ -166,10 +180,13 @@ def write_all(folder, launch: files.Launch, commands: NodeCommands) -> list[str]
                     f"# {launch.engine} for {launch.name} over {commands.nodes} nodes (written by llmopt): on the "
                     "leader `LEADER_ADDRESS=<its address> docker compose up leader`,\n# on each worker "
                     "`LEADER_ADDRESS=<leader address> NODE_RANK=<1..> docker compose up worker`; "
-                    f"{client}.{notes}")
+                    f"{client}.\n# The leader listens on {launch.deployment.publish_host} of its host; "
+                    f"{files.key_note(launch)}.{notes}")
+    secret = (f"\n# The API key comes from the Secret {apikey.SECRET!r} (key {apikey.SECRET_KEY!r}), "
+              "which must exist." if launch.key_env else f"\n# {files.key_note(launch)}.")
     files.dump_yaml_all(leader_worker_set(launch, commands), folder / "kubernetes.yaml",
                         f"# {launch.engine} for {launch.name} over {commands.nodes} nodes (written by llmopt): a "
                         "LeaderWorkerSet (needs the LWS controller, kubernetes-sigs/lws);\n# "
                         f"{client}. Each pod mounts the artifact from the PersistentVolumeClaim "
-                        f"'{files.dns_name(launch.name)}-artifact' (ReadOnlyMany across nodes).{notes}")
+                        f"'{files.dns_name(launch.name)}-artifact' (ReadOnlyMany across nodes).{secret}{notes}")
     return ["launch.sh", "docker-compose.yaml", "kubernetes.yaml"]

@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmopt import apikey
 from llmopt.model import formats
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog.engines import queue_for
@@ -113,17 +114,23 @@ def validate(model_dir: Path, text: str) -> dict:
     return {"ok": True, "validated_by": f"onnxruntime-genai {version} Config", "errors": []}
 
 
-def script(serve_args: list[str]) -> str:
-    """launch.sh: a folder of links to model/ with the adapted genai_config.json, served by llmopt serve."""
+def script(serve_args: list[str], publish_host: str) -> str:
+    """launch.sh: a folder of links to model/ with the adapted genai_config.json, served by llmopt serve,
+    listening on ``publish_host`` unless LLMOPT_HOST says otherwise (the container files set 0.0.0.0); llmopt
+    serve reads the API key from LLMOPT_API_KEY itself."""
+    host = f'"${{LLMOPT_HOST:-{publish_host}}}"'
+    args = [host if a == host else shlex.quote(a) for a in files.local_host(serve_args, host)]
     return "\n".join([
         "#!/usr/bin/env bash",
         "# Serves the artifact two folders up with ONNX Runtime GenAI through `llmopt serve` (written by llmopt).",
+        f"# It listens on {publish_host} (LLMOPT_HOST: another address); clients send the key in {apikey.ENV} as",
+        "# `Authorization: Bearer` when it is set where this runs (docs/deploy.md).",
         "set -euo pipefail",
         'cd "$(dirname "$0")/../.."',
         'run="${LLMOPT_RUN_DIR:-$(mktemp -d)}"',
         'for f in model/*; do ln -sfn "$PWD/$f" "$run/$(basename "$f")"; done',
         'rm -f "$run/genai_config.json" && cp deploy/ort/genai_config.json "$run/genai_config.json"',
-        f'exec llmopt serve "$run" {" ".join(shlex.quote(a) for a in serve_args)} "$@"',
+        f'exec llmopt serve "$run" {" ".join(args)} "$@"',
         "",
     ])
 
@@ -193,9 +200,11 @@ class OrtServe(ServeBackend):
                       "--parallel", str(options.parallel)] + (["--device", "cuda"] if provider in GPU_PROVIDERS else [])
         weights = sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.name.endswith((".onnx", ".onnx.data")))
         gpus = 1 if provider in GPU_PROVIDERS else 0
+        # the container runs launch.sh, listening on every interface of the container; llmopt serve reads the key
         launch = files.Launch("ort", recipe.name, options.image, ["bash"], ["{config}/launch.sh"], options.port, gpus,
-                              options, host_memory_gib=0 if gpus else files.gib_of(weights))
-        written = files.write_all(folder, launch, script=script(serve_args))
+                              options, host_memory_gib=0 if gpus else files.gib_of(weights),
+                              env={"LLMOPT_HOST": "0.0.0.0"}, key_env=apikey.ENV)
+        written = files.write_all(folder, launch, script=script(serve_args, options.publish_host))
         command = " ".join(["llmopt", "serve", ".", *(shlex.quote(a) for a in serve_args)])
         return {"engine": "ort", "engine_version": package_version("onnxruntime-genai"), "command": command,
                 "launch": "deploy/ort/launch.sh", "image": options.image, "port": options.port,

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llmopt import apikey
 from llmopt.deploy import validate_engine
 
 from llmopt.model import formats, memory
@@ -287,11 +288,14 @@ class SglangServe(ServeBackend):
             ["python3", "-m", "sglang.launch_server"],
             ["--model-path", "{model}", *argv(args), "--host", "0.0.0.0", "--port", str(options.port)],
             options.port, gpus, options,
-            # SGLang 0.5.23 (sglang/srt/entrypoints/http_server.py): /ready answers whether the server takes
-            # requests; /health runs a one-token generation when idle and may wait SGLANG_HEALTH_CHECK_TIMEOUT
-            # (20 s) for it, so it is the liveness route with a longer timeout. The image (docker/Dockerfile)
-            # has no non-root user: it runs as root.
-            ready_path="/ready", live_path="/health", live_timeout=30, notes=notes(planned, args))
+            # SGLang 0.5.23 (sglang/srt/entrypoints/http_server.py): with --api-key, every route but /health*
+            # and /metrics wants the key (sglang/srt/utils/auth.py), /ready too, so /health is the readiness and
+            # liveness route; it runs a one-token generation when idle and may wait SGLANG_HEALTH_CHECK_TIMEOUT
+            # (20 s) for it, hence the longer timeouts. SGLang reads its key from --api-key only (no variable):
+            # each file passes $LLMOPT_API_KEY there. The image (docker/Dockerfile) has no non-root user: it
+            # runs as root.
+            ready_path="/health", live_path="/health", live_timeout=30, ready_timeout=30,
+            key_env=apikey.ENV, key_flag="--api-key", notes=notes(planned, args))
         if planned.nodes > 1:
             launch.gpus = gpus // planned.nodes
             written = nodes.write_all(folder, launch, node_commands(launch, planned.nodes))
@@ -312,6 +316,7 @@ def node_commands(launch: files.Launch, count: int) -> nodes.NodeCommands:
     every node with ``--nnodes``, ``--node-rank`` and ``--dist-init-addr <leader>:<port>``; node 0 serves HTTP."""
     line = nodes.shell_join([*launch.entrypoint, *launch.args, "--nnodes", "{nodes}", "--node-rank", "{rank}",
                              "--dist-init-addr", f"{{leader}}:{DIST_PORT}"])
+    line += " " + files.key_words(launch).replace("{", "{{").replace("}", "}}")  # the key, when the shell has one
     return nodes.NodeCommands(count, f"exec {line}", f"exec {line}",
                               ("SGLang: every node runs launch_server with its --node-rank; node 0 serves HTTP.",))
 

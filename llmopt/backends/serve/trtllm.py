@@ -314,6 +314,8 @@ class TrtllmServe(ServeBackend):
             # release/1.2 branch); it names a local model folder by its basename (openai_server.py:
             # model_dir.name), so the model is served from a folder named like the recipe
             served_dir=True)
+        # trtllm-serve 1.2.1 has no API key option (tensorrt_llm/commands/serve.py): key_env stays None, and the
+        # files say that only the address it is published on, or a proxy in front, protects it
         commands = node_commands(launch, planned.nodes) if planned.nodes > 1 else None
         written = ["config.yaml", *(nodes.write_all(folder, launch, commands) if commands
                                     else files.write_all(folder, launch))]

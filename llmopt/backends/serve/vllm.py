@@ -352,7 +352,9 @@ class VllmServe(ServeBackend):
                               ["vllm", "serve"],
                               ["{model}", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
                                "--port", str(options.port)], options.port, gpus // planned.nodes, options,
-                              user=IMAGE_USER)
+                              # vLLM reads its key from VLLM_API_KEY (or --api-key) and leaves /health and
+                              # /metrics open (vllm/entrypoints/openai/api_server.py, build_app)
+                              user=IMAGE_USER, key_env="VLLM_API_KEY")
         commands = node_commands(launch, planned.nodes) if planned.nodes > 1 else None
         written = ["config.yaml", *(nodes.write_all(folder, launch, commands) if commands
                                     else files.write_all(folder, launch))]
