@@ -33,8 +33,9 @@ def serve(
                                         "a Hugging Face one on the GPU when torch sees one; or cpu, cuda, cuda:N.")] = "auto",
     api_key: Annotated[Optional[str], typer.Option(envvar="LLMOPT_API_KEY", show_envvar=True, show_default=False,
                                                    help="Require `Authorization: Bearer KEY` on every route but /health "
-                                                   "and /metrics (401 without it). Prefer setting LLMOPT_API_KEY: a "
-                                                   "command line is visible to every user of the machine.")] = None,
+                                                   "and /metrics (401 without it). Default: the LLMOPT_API_KEY variable, "
+                                                   "the better place for it (a command line is visible to every user of "
+                                                   "the machine).")] = None,
     format: FormatOpt = "human",
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
@@ -42,8 +43,8 @@ def serve(
     Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
     One request generates at a time (``--parallel N``: N at once) while others wait in a bounded queue.
-    With a key (LLMOPT_API_KEY, or --api-key), clients send it as OpenAI's ``Authorization: Bearer``;
-    see docs/serve.md.
+    With a key (``export LLMOPT_API_KEY=$(openssl rand -hex 32)``, or --api-key), every route but /health
+    and /metrics wants it as OpenAI's ``Authorization: Bearer``; see docs/serve.md.
 
     Examples:
 
@@ -53,7 +54,7 @@ def serve(
 
         llmopt serve artifacts/quickstart --parallel 2 --port 8081
 
-        LLMOPT_API_KEY=$(openssl rand -hex 32) llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
+        llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
     """
     from llmopt import server
     from llmopt.server.model import default_queue, locate
