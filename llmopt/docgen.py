@@ -25,6 +25,7 @@ SECTIONS = [
     ("serve", schema.ServeSection),
     ("serve.workload", schema.Workload),
     ("serve.slo", schema.SLO),
+    ("serve.speculative", schema.SpeculativeSection),
     ("[eval]", schema.EvalItem),
     ("bench", schema.BenchSection),
     ("tune", schema.TuneSection),

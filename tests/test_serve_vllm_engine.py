@@ -19,7 +19,7 @@ from llmopt.deploy import validate_engine
 from llmopt.deploy import flags
 from llmopt.errors import UsageError
 
-from conftest import link_tree, tiny_recipe, write_recipe
+from conftest import link_tree, make_tiny_llama, tiny_recipe, write_recipe
 from test_deploy_configs import render
 
 pytestmark = pytest.mark.slow
@@ -47,6 +47,23 @@ def test_tiny_model_config_passes_vllms_parser(tiny_model, tmp_path, vllm_python
     deploy = json.loads((tmp_path / "art" / "manifest.json").read_text())["deploy"]
     assert deploy["validated_by"] == VALIDATED
     assert deploy["args"]["kv-cache-dtype"] == "fp8" and deploy["memory"]["kv_dtype_bytes"] == 1
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_configs_pass_vllms_parser(method, tiny_model, tmp_path, vllm_python, monkeypatch):
+    """vLLM's own SpeculativeConfig (built by create_engine_config) accepts the speculative-config llmopt writes:
+    prompt lookup, and a draft model (a smaller random Llama of the tiny model's tokenizer) from its folder."""
+    monkeypatch.setenv(validate_engine.ENV_VAR, vllm_python)
+    draft = make_tiny_llama(tmp_path / "draft", hidden=32, layers=1, intermediate=64) if method == "draft_model" \
+        else None
+    spec = f'[serve.speculative]\nmethod = "{method}"\nnum_tokens = 4\n' + (f'model = "{draft}"\n' if draft else "")
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, windows=1) + '[target]\ngpu = "H100"\n'
+                          '[serve]\nbackend = "vllm"\nmax_model_len = 512\n' + spec)
+    api.run(recipe, output_dir=tmp_path / "art")
+    deploy = json.loads((tmp_path / "art" / "manifest.json").read_text())["deploy"]
+    assert deploy["validated_by"] == VALIDATED
+    assert deploy["args"]["speculative-config"]["method"] == method
+    assert ("draft" in deploy["memory"]) == (method == "draft_model")
 
 
 def test_demo_model_config_passes_vllms_parser(demo_artifact, vllm_python):

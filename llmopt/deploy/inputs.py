@@ -43,7 +43,8 @@ def estimated_memory(loaded, info: ModelInfo, gpu, weight_bytes: int) -> memory.
                                model_dtype(recipe, info, gpu))
     eager = bool(getattr(options, "enforce_eager", False)) or not getattr(options, "cuda_graphs", True)
     if options is not None and hasattr(options, "tensor_parallel_size"):
-        return memory_plan(serve, recipe.target, info, gpu, options, weight_bytes, "estimate", kv, eager=eager)
+        return memory_plan(serve, recipe.target, info, gpu, options, weight_bytes, "estimate", kv, eager=eager,
+                           draft=draft_for(recipe, options, info, gpu))
     max_len, workload = (serve.max_model_len, serve.workload) if serve is not None else (4096, Workload())
     return memory.plan_memory(info, gpu, recipe.target.count, max_len, workload, weight_bytes=weight_bytes,
                               kv_bytes=kv, eager=eager, engine=serve.backend if serve is not None else "vllm",
@@ -81,9 +82,18 @@ def render_facts(ctx, model_dir: Path) -> tuple[ModelInfo, int, str]:
     return info, estimated_weight_bytes(ctx.recipe, info), "estimate"
 
 
+def draft_for(recipe, options, info: ModelInfo, gpu) -> memory.Draft | None:
+    """The draft speculative decoding adds to the memory model (``llmopt.deploy.speculative``), or None."""
+    from llmopt.deploy import speculative
+
+    return speculative.draft_memory(speculative.of(recipe.serve, options), info, model_dtype(recipe, info, gpu))
+
+
 def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int, weight_source: str,
-                kv_bytes: float, where: str = "", eager: bool = False) -> memory.MemoryPlan:
-    """The memory model for ``serve.backend``: its own defaults, the recipe's options and ``serve.slo``."""
+                kv_bytes: float, where: str = "", eager: bool = False,
+                draft: memory.Draft | None = None) -> memory.MemoryPlan:
+    """The memory model for ``serve.backend``: its own defaults, the recipe's options and ``serve.slo``; ``draft``:
+    what speculative decoding adds (``draft_for``)."""
     chunked = getattr(options, "enable_chunked_prefill", True)
     batched = getattr(options, "max_num_batched_tokens", None)
     if not chunked and batched is not None:  # a whole prompt must fit one step
@@ -94,7 +104,7 @@ def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int,
         tensor_parallel_size=options.tensor_parallel_size, pipeline_parallel_size=options.pipeline_parallel_size,
         data_parallel_size=getattr(options, "data_parallel_size", 1), max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=batched, eager=eager, where=where, engine=serve.backend, chunked=chunked,
-        tpot_p99_ms=serve.slo.tpot_p99_ms, nodes=target.nodes)
+        tpot_p99_ms=serve.slo.tpot_p99_ms, nodes=target.nodes, draft=draft)
 
 
 def plan_estimate(options, ctx, kv_cache_dtype: str, eager: bool = False
@@ -119,7 +129,8 @@ def plan_estimate(options, ctx, kv_cache_dtype: str, eager: bool = False
     kv = memory.kv_dtype_bytes(kv_cache_dtype, info, model_dtype(recipe, info, ctx.gpu))
     try:
         planned = memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options,
-                              estimated_weight_bytes(ctx.recipe, info), "estimate", kv, ctx.where(), eager)
+                              estimated_weight_bytes(ctx.recipe, info), "estimate", kv, ctx.where(), eager,
+                              draft_for(recipe, options, info, ctx.gpu))
     except UsageError as exc:
         return problems + [Problem(exc.what, exc.where, exc.fix)], None
     problems += [Problem(w, ctx.where("workload"), severity="warning") for w in planned.warnings]

@@ -23,6 +23,9 @@ Per GPU, with tensor parallel size ``tp`` and pipeline parallel size ``pp``::
     sliding-window layers keep min(sequence length, window) tokens of a sequence, so with them the bytes
     per token are an average over the workload's sequence length (``kv_bytes_per_sequence``).
 
+    Speculative decoding with a draft (``Draft``): its weights / tp join the weights, and its layers' KV per
+    token joins the target's (vLLM and SGLang keep the draft's KV beside the target's, a token for a token).
+
 The per-token figures equal vLLM 0.33.0's own (the sum of its layers' KV cache spec pages over their
 block sizes, ``llmopt.deploy.engine_kv``) and, for SGLang, SGLang 0.5.23's pool cell size (``sglang_cell_bytes``:
 no sliding-window discount outside its hybrid architectures, a 0.8 second pool for theirs) for every config
@@ -65,6 +68,19 @@ KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3
                   "fp8_inc": 1, "bf16": 2, "nvfp4": 0.5625}  # nvfp4: 4 bits + one fp8 scale per 16 values
 
 
+@dataclass(frozen=True)
+class Draft:
+    """What speculative decoding adds to a replica: the draft's weights (split over the tensor-parallel ranks,
+    as the engines run it with the target's size) and the KV of the draft's layers (``info``) for every token."""
+
+    method: str
+    weight_bytes: int
+    info: ModelInfo
+
+    def kv_bytes_per_token_per_gpu(self, kv_bytes: float, tp: int) -> int:
+        return int(self.info.num_layers * self.info.kv_values_per_layer(tp) * kv_bytes)
+
+
 @dataclass
 class MemoryPlan:
     """What the memory model chose and predicts, per serving replica (``data_parallel_size`` of them)."""
@@ -98,6 +114,7 @@ class MemoryPlan:
     memory_fraction: float | None = None  # the engine's memory knob: gpu-memory-utilization (vLLM),
     #                                       free_gpu_memory_fraction (TensorRT-LLM), mem-fraction-static (SGLang)
     nodes: int = 1  # nodes one replica spans (pipeline stages are split across them)
+    draft: dict | None = None  # speculative decoding's draft: method, weight and KV bytes per GPU (within the above)
 
     @property
     def gpus(self) -> int:
@@ -105,6 +122,8 @@ class MemoryPlan:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        if self.draft is None:  # without speculation the record reads as before
+            del out["draft"]
         out["gpus"] = self.gpus
         out["assumptions"] = assumptions()
         return out
@@ -225,7 +244,7 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
                 data_parallel_size: int | str = 1, max_num_seqs: int | None = None,
                 max_num_batched_tokens: int | None = None, eager: bool = False, where: str = "",
                 engine: str = "vllm", chunked: bool = True, tpot_p99_ms: float | None = None,
-                nodes: int = 1) -> MemoryPlan:
+                nodes: int = 1, draft: Draft | None = None) -> MemoryPlan:
     """Choose parallel sizes for ``workload`` (input_len, output_len, concurrency) on ``count`` GPUs per node
     of ``nodes`` nodes (tensor parallel within a node, pipeline parallel across nodes: at least ``nodes``
     stages when a replica spans more than one) and the
@@ -253,10 +272,11 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
     own_budget = engine if utilization is None else None  # the engine's own memory knob sizes the KV cache
 
     def evaluate(tp: int) -> dict:
-        per_gpu_weights = math.ceil(weight_bytes / (tp * pp))
+        per_gpu_weights = math.ceil(weight_bytes / (tp * pp)) + (math.ceil(draft.weight_bytes / tp) if draft else 0)
         over = overhead_bytes(info, tp, pp, batched, seqs, eager)
         budget = kv_budget(own_budget, gpu, util, per_gpu_weights, over, batched, tp, pp)
-        per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, seq_len, engine)
+        per_token = kv_bytes_per_token_per_gpu(info, kv_bytes, tp, pp, seq_len, engine) + (
+            draft.kv_bytes_per_token_per_gpu(kv_bytes, tp) if draft else 0)
         tokens = max(0, budget) // (per_token * BLOCK_SIZE) * BLOCK_SIZE
         full = _full_length_tokens(info, kv_bytes, tp, pp, budget, max_model_len, tokens, engine)
         fits = full >= max_model_len and tokens >= KV_HEADROOM * concurrency * seq_len
@@ -299,6 +319,11 @@ def plan_memory(info: ModelInfo, gpu: GPU, count: int, max_model_len: int, workl
         reasons["memory_fraction"] = (f"from the recipe's gpu_memory_utilization {utilization} ("
                                       f"{engines.LABELS.get(engine, engine)} {own.version}'s default: {own_fraction})")
     plan.nodes = nodes
+    if draft is not None:
+        plan.draft = {"method": draft.method, "weight_bytes": draft.weight_bytes,
+                      "weight_bytes_per_gpu": math.ceil(draft.weight_bytes / plan.tensor_parallel_size),
+                      "kv_bytes_per_token_per_gpu": draft.kv_bytes_per_token_per_gpu(kv_bytes,
+                                                                                     plan.tensor_parallel_size)}
     plan.reasons, plan.engine_defaults = reasons, _defaults_dict(own, engine, gpu, chosen, max_model_len)
     plan.engine_defaults["memory_fraction"] = own_fraction
     return plan

@@ -155,6 +155,28 @@ class SLO(Section):
     e2e_p99_ms: float | None = Field(None, gt=0, description="End-to-end request latency, 99th percentile, in ms.")
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+
+
+class SpeculativeSection(Section):
+    """Speculative decoding, for whichever engine [serve] names (llmopt.deploy.speculative maps it)."""
+
+    method: Literal[SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
+        description="How drafts are proposed: ngram (prompt lookup: n-grams of the prompt and output so far, no "
+        "model), draft_model (a smaller model of the same vocabulary), eagle or eagle3 (an EAGLE / EAGLE-3 head "
+        "trained for the target), mtp (the target's own multi-token-prediction layers, e.g. DeepSeek-V3).")
+    model: str | None = Field(
+        None, description="The draft: a hub id or an absolute folder (the engine reads it where it runs, so a "
+        "container needs it mounted there). Needed by draft_model, eagle and eagle3; none for ngram and mtp.")
+    num_tokens: int = Field(3, ge=1, le=16, description="Tokens drafted per step (vLLM num_speculative_tokens, "
+                            "SGLang speculative-num-steps, TensorRT-LLM max_draft_len).")
+    prompt_lookup_min: int | None = Field(
+        None, ge=1, description="ngram: shortest n-gram matched (vLLM prompt_lookup_min; default: the engine's).")
+    prompt_lookup_max: int | None = Field(
+        None, ge=1, description="ngram: longest n-gram matched (vLLM prompt_lookup_max, TensorRT-LLM "
+        "max_matching_ngram_size; default 4).")
+
+
 class ServeSection(BackendStep):
     backend: str = Field(
         description="Serving engine the deploy configs are written for: vllm, trtllm, sglang, ort. "
@@ -163,6 +185,17 @@ class ServeSection(BackendStep):
     max_model_len: int = Field(4096, ge=16, description="Longest sequence (prompt + output) served.")
     workload: Workload = Field(default_factory=Workload, description="Traffic the launch config is tuned for.")
     slo: SLO = Field(default_factory=SLO, description="Latency targets; goodput counts requests meeting all of them.")
+    speculative: SpeculativeSection | None = Field(
+        None, description="Speculative decoding in the launch config, for any engine (docs/deploy.md); none: off. "
+        "It changes speed only: measure it with [bench] (acceptance rate per load point).")
+
+    @model_serializer(mode="wrap")
+    def _without_speculation_off(self, handler):
+        # Off, the section says nothing: left out, a [serve] dumps (and keys stages) as before it existed.
+        data = handler(self)
+        if self.speculative is None:
+            data.pop("speculative", None)
+        return data
 
 
 class EvalItem(BackendStep):

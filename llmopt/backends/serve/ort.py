@@ -28,7 +28,7 @@ from llmopt.model import formats
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog.engines import queue_for
 from llmopt.libraries import package_version
-from llmopt.deploy import files
+from llmopt.deploy import files, speculative
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
@@ -146,7 +146,7 @@ class OrtServe(ServeBackend):
         return ACCEPTS
 
     def check(self, options: OrtOptions, ctx: PlanContext) -> list[Problem]:
-        problems = []
+        problems = speculative.problems(speculative.of(ctx.recipe.recipe.serve), "ort", None, ctx)
         exported = ctx.recipe.recipe.export.format
         if exported != "onnx":
             problems.append(Problem(f"serve.backend = \"ort\" serves ONNX models, but the recipe exports {exported!r}",

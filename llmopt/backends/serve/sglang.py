@@ -27,7 +27,7 @@ from llmopt.deploy import validate_engine
 
 from llmopt.model import formats, memory
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
-from llmopt.deploy import extras, files, flags, inputs, nodes, versions
+from llmopt.deploy import extras, files, flags, inputs, nodes, speculative, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -208,6 +208,7 @@ def server_args(options: SglangOptions, planned: memory.MemoryPlan, recipe, info
         args["disable-radix-cache"] = True
     if recipe.model.trust_remote_code:
         args["trust-remote-code"] = True
+    args |= speculative.sglang_args(speculative.of(recipe.serve))
     return extras.merge(args, canonical(options.extra_args), overrides(options))
 
 
@@ -253,7 +254,8 @@ class SglangServe(ServeBackend):
                                  inputs.model_dtype(recipe, ctx.model, ctx.gpu))
             found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target,
                                          ctx.where("extra_args"))
-        problems = version_problems + problems
+        problems = version_problems + problems + speculative.problems(
+            speculative.of(ctx.recipe.recipe.serve), "sglang", choice.version, ctx)
         return problems + found + extras.problems(merged, overrides(options), extra, ctx.where("extra_args"),
                                                   "extra_args", PARALLEL)
 
@@ -271,7 +273,8 @@ class SglangServe(ServeBackend):
             raise StageFailed(reason, where="serve.backend", fix="serve it with serve.backend = \"trtllm\" or \"vllm\"")
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
-                                     memory.kv_dtype_bytes(kv_bytes_dtype(options), info, dtype), "serve")
+                                     memory.kv_dtype_bytes(kv_bytes_dtype(options), info, dtype), "serve",
+                                     draft=inputs.draft_for(recipe, options, info, ctx.gpu))
         merged = server_args(options, planned, recipe, info, quant, dtype)
         extras.refuse(merged, "extra_args")
         args = merged.config

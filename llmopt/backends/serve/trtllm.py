@@ -27,7 +27,7 @@ from llmopt.deploy import validate_engine
 from llmopt.model import formats, memory
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.catalog import engines
-from llmopt.deploy import extras, files, flags, inputs, nodes, versions
+from llmopt.deploy import extras, files, flags, inputs, nodes, speculative, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
@@ -179,6 +179,9 @@ def engine_config(options: TrtllmOptions, planned: memory.MemoryPlan, recipe, dt
         config["moe_config"] = {"backend": options.moe_backend}
     if recipe.model.trust_remote_code:
         config["trust_remote_code"] = True
+    spec = speculative.trtllm_config(speculative.of(recipe.serve))
+    if spec:
+        config["speculative_config"] = spec
     return config
 
 
@@ -265,7 +268,8 @@ class TrtllmServe(ServeBackend):
             merged = merged_config(options, planned, recipe, inputs.model_dtype(recipe, ctx.model, ctx.gpu),
                                    trtllm_kv_dtype(options, quant))
             found += inputs.gpu_problems("trtllm", gpu_sizes(merged.config), recipe.target, ctx.where("extra"))
-        problems = version_problems + problems
+        problems = version_problems + problems + speculative.problems(
+            speculative.of(ctx.recipe.recipe.serve), "trtllm", choice.version, ctx)
         return problems + found + extras.problems(merged, options.override, options.extra, ctx.where("extra"),
                                                   "extra", PARALLEL)
 
@@ -283,7 +287,8 @@ class TrtllmServe(ServeBackend):
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv_dtype = trtllm_kv_dtype(options, quant)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
-                                     memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", not options.cuda_graphs)
+                                     memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", not options.cuda_graphs,
+                                     inputs.draft_for(recipe, options, info, ctx.gpu))
         merged = merged_config(options, planned, recipe, dtype, kv_dtype)
         extras.refuse(merged, "extra")
         config = merged.config

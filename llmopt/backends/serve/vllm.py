@@ -28,12 +28,12 @@ from llmopt.model import formats
 from llmopt.deploy import validate_engine
 from llmopt.model import memory
 from llmopt.backends.base import PlanContext, ServeBackend, StageContext
-from llmopt.deploy import extras, files, flags, inputs, nodes, versions
+from llmopt.deploy import extras, files, flags, inputs, nodes, speculative, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
 from llmopt.registry import register
 
-SPECULATIVE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+SPECULATIVE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")  # the deprecated speculative_method's values
 # the config keys of the parallel sizes the memory model plans, and the option that plans each
 PARALLEL = {"tensor-parallel-size": "tensor_parallel_size", "pipeline-parallel-size": "pipeline_parallel_size",
             "data-parallel-size": "data_parallel_size"}
@@ -105,10 +105,10 @@ class VllmOptions(files.DeploymentOptions):
     enable_prefix_caching: bool = Field(True, description="Reuse the KV of shared prompt prefixes.")
     enforce_eager: bool = Field(False, description="Run without CUDA graphs (saves their memory, slower decode).")
     speculative_method: Literal[SPECULATIVE] | None = Field(  # type: ignore[valid-type]
-        None, description="Speculative decoding: ngram, eagle, eagle3, mtp or draft_model (None: off).")
+        None, description="Deprecated: [serve.speculative] method (read as it, with a warning).")
     speculative_model: str | None = Field(
-        None, description="Draft model (path or hub id) for eagle, eagle3 and draft_model.")
-    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Tokens proposed per speculative step.")
+        None, description="Deprecated: [serve.speculative] model.")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Deprecated: [serve.speculative] num_tokens.")
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Other `vllm serve` options by long name (e.g. {\"block-size\" = 32}); "
         "checked against the vLLM flag table.")
@@ -179,18 +179,6 @@ def kv_cache_dtype(options: VllmOptions, quant: dict | None) -> str:
     return "auto"
 
 
-def speculative_config(options: VllmOptions) -> dict | None:
-    method = options.speculative_method
-    if method is None:
-        return None
-    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": options.num_speculative_tokens}
-    if method == "ngram":
-        spec["prompt_lookup_max"] = 4
-    if options.speculative_model:
-        spec["model"] = options.speculative_model
-    return spec
-
-
 def canonical(extra: dict) -> dict:
     """extra_args in vLLM's own spelling: long option names with hyphens, and a negation of a boolean llmopt
     plans (``no-x = true``, or ``disable-x = true`` of an ``--enable-x`` / ``--disable-x`` pair) as ``x = false``,
@@ -257,7 +245,7 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
         config["enforce-eager"] = True
     if recipe.model.trust_remote_code:
         config["trust-remote-code"] = True
-    spec = speculative_config(options)
+    spec = speculative.vllm_config(speculative.of(recipe.serve, options))
     if spec:
         config["speculative-config"] = spec
     return config
@@ -298,9 +286,8 @@ class VllmServe(ServeBackend):
         extra = canonical(options.extra_args)
         choice, bad = engine_choice(options)
         problems = version_problems(choice, bad, ctx)
-        if options.speculative_method in ("eagle", "eagle3", "draft_model") and not options.speculative_model:
-            problems.append(Problem(f"speculative_method {options.speculative_method!r} needs a draft model",
-                                    ctx.where("speculative_model"), "set speculative_model to its path or hub id"))
+        problems += speculative.problems(speculative.of(ctx.recipe.recipe.serve, options), "vllm", choice.version,
+                                         ctx, options)
         if not options.enable_chunked_prefill and options.max_num_batched_tokens is not None \
                 and options.max_num_batched_tokens < ctx.recipe.recipe.serve.max_model_len:
             problems.append(Problem("without chunked prefill, max_num_batched_tokens must hold a whole prompt of "
@@ -334,7 +321,8 @@ class VllmServe(ServeBackend):
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         kv_dtype = kv_cache_dtype(options, quant)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
-                                     memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager)
+                                     memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager,
+                                     inputs.draft_for(recipe, options, info, ctx.gpu))
         merged = merged_config(options, planned, recipe, quant, dtype, kv_dtype, ctx.gpu)
         extras.refuse(merged, "extra_args")
         choice, bad = engine_choice(options)
