@@ -15,7 +15,10 @@ depend on the tuned parameters:
 
 with the best values from ``LLMOPT_SIM_BEST`` (JSON: parameter -> value), so one setting is best and a
 search can be checked to find it. A memory fraction above ``LLMOPT_SIM_OOM_ABOVE`` exits at start-up as an
-engine out of memory does, and the settings of ``LLMOPT_SIM_HANG`` never answer. ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
+engine out of memory does, and the settings of ``LLMOPT_SIM_HANG`` never answer. With speculative decoding in
+its settings (vLLM's ``speculative-config``, SGLang's ``speculative-algorithm``) it drafts ``k`` tokens per step of
+which a share ``LLMOPT_SIM_ACCEPTANCE`` (0.75) is accepted, and ``GET /metrics`` reports the engine's own
+Prometheus counters of that (vLLM's ``vllm:spec_decode_*``, SGLang's verify steps and output tokens). ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
 it measures here as simulated. A child process (``sleep``, as an engine's worker) is started, its pid written
 into ``LLMOPT_SIM_CHILDREN`` (a folder) when that is set, so tests can check the whole group is stopped.
 """
@@ -93,15 +96,53 @@ def speed(settings: dict, best: dict) -> float:
                                      if settings.get(k) is not None))
 
 
+def drafted(engine: str, settings: dict) -> int:
+    """Tokens drafted per step (0: no speculative decoding)."""
+    spec = settings.get("speculative-config")
+    if engine == "vllm" and spec:
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        return int(spec.get("num_speculative_tokens") or 1)
+    if engine == "sglang" and settings.get("speculative-algorithm"):
+        return int(settings.get("speculative-num-draft-tokens") or 4) - 1
+    return 0
+
+
 class SimServer(FakeServer):
-    def __init__(self, engine: str, factor: float):
+    def __init__(self, engine: str, factor: float, k: int = 0):
         super().__init__(owned_by=engine)
-        self.factor = factor
+        self.factor, self.k = factor, k
         self.ttft = float(os.environ.get("LLMOPT_SIM_TTFT_MS", "20")) / factor
         self.itl = float(os.environ.get("LLMOPT_SIM_ITL_MS", "5")) / factor
+        self.acceptance = float(os.environ.get("LLMOPT_SIM_ACCEPTANCE", "0.75"))
+        self.counts = {"steps": 0.0, "tokens": 0.0}
+
+    def speculate(self, n_out: int) -> None:
+        """Count the steps of a request of ``n_out`` tokens: each yields 1 + k x acceptance tokens."""
+        if self.k:
+            self.counts["steps"] += max(0, n_out - 1) / (1 + self.k * self.acceptance)
+            self.counts["tokens"] += n_out
+
+    def metrics(self) -> str:
+        steps, k = self.counts["steps"], self.k
+        if self.owned_by == "sglang":
+            return (f'sglang:spec_verify_calls_total{{model_name="sim-model"}} {steps}\n'
+                    f'sglang:generation_tokens_total{{model_name="sim-model",is_streaming="true"}} '
+                    f'{self.counts["tokens"]}\nsglang:spec_num_draft_tokens{{model_name="sim-model"}} {k + 1}\n')
+        lines = [f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="sim-model"}} {steps}',
+                 f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="sim-model"}} {steps * k}',
+                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="sim-model"}} '
+                 f'{steps * k * self.acceptance}']
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="sim-model",'
+                  f'position="{i}"}} {steps * self.acceptance}' for i in range(k)]
+        return "# TYPE vllm:spec_decode_num_drafts counter\n" + "\n".join(lines) + "\n"
 
     async def get(self, path: str, writer) -> None:
-        if path.startswith("/v1/models"):
+        if path.startswith("/metrics"):
+            data = (self.metrics() if self.k else "# no speculative decoding\n").encode()
+            writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {len(data)}\r\n\r\n"
+                         .encode() + data)
+            await writer.drain()
+        elif path.startswith("/v1/models"):
             await self.send_json(writer, 200, {"object": "list", "data": [{
                 "id": "sim-model", "object": "model", "created": 0, "owned_by": self.owned_by,
                 "max_model_len": 4096, "llmopt_simulated": True}]})
@@ -125,6 +166,7 @@ class SimServer(FakeServer):
             n_in = len(prompt) if isinstance(prompt, list) else 8
             self.chunk(writer, {"id": f"r{i}", "choices": [], "usage": {
                 "prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}})
+        self.speculate(n_out)
         writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
         await writer.drain()
 
@@ -153,7 +195,7 @@ def main(argv: list[str]) -> None:
     if hang and all(str(settings.get(k)) == str(v) for k, v in hang.items()):
         time.sleep(600)
     best = json.loads(os.environ.get("LLMOPT_SIM_BEST", "{}"))
-    asyncio.run(serve(SimServer(engine, speed(settings, best)), int(settings.get("port", 0))))
+    asyncio.run(serve(SimServer(engine, speed(settings, best), drafted(engine, settings)), int(settings.get("port", 0))))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ def markdown(result: dict) -> str:
              "| load | ok / sent | req/s | output tok/s | total tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
              "| ITL p50 / p99 ms | E2E p50 / p99 ms | goodput req/s | errors | client CPU |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    speculated = any(p.get("speculation") for p in result["points"])
+    if speculated:  # only when the server reports speculative decoding's counters
+        lines[-2] += " accepted | tokens / step |"
+        lines[-1] += "---|---|"
     for p in result["points"]:
         good, cpu = p.get("goodput"), (p.get("client") or {}).get("cpu_share_of_one_core")
         cells = [load_label(p), f"{p['requests']['ok']} / {p['requests']['sent']}", f"{p['request_throughput']:.2f}",
@@ -41,13 +45,21 @@ def markdown(result: dict) -> str:
                  *(f"{_ms(p[key], 'p50')} / {_ms(p[key], 'p99')}" for key, _ in LATENCIES),
                  f"{good['requests_per_s']:.2f} ({good['fraction']:.0%})" if good else "-",
                  ", ".join(f"{k} {v['count']}" for k, v in p["errors"].items()) or "-",
-                 "-" if cpu is None else f"{cpu:.0%}"]
+                 "-" if cpu is None else f"{cpu:.0%}", *(acceptance_cells(p) if speculated else [])]
         lines.append("| " + " | ".join(cells) + " |")
     if result.get("saturation"):
         s = result["saturation"]
         lines += ["", f"Saturation: {s['reason']}; highest request throughput at concurrency {s['best_concurrency']:g}."]
     lines += split_table(result.get("split"))
     return "\n".join(lines) + "\n"
+
+
+def acceptance_cells(point: dict) -> list[str]:
+    """Speculative decoding at the point: the share of drafted tokens accepted, and the mean tokens a step
+    produced (accepted drafts plus the target's own token)."""
+    spec = point.get("speculation") or {}
+    rate, length = spec.get("acceptance_rate"), spec.get("mean_acceptance_length")
+    return ["-" if rate is None else f"{rate:.0%}", "-" if length is None else f"{length:.2f}"]
 
 
 def workload_line(result: dict) -> str:

@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from llmopt import apikey
-from llmopt.bench import client, engine, metrics, report, split, workload as wl
+from llmopt.bench import client, engine, metrics, report, speculation, split, workload as wl
 from llmopt.bench.options import SLO, BenchOptions, Workload
 from llmopt.errors import StageFailed, UsageError
 
@@ -115,8 +115,8 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
     vocab = vocab if options.endpoint == "completions" else None
     texts = text_workload(workload, options, model_dir, split.served_context(models), say)
     began, rows = time.time(), []
-    ctx = {"url": url + path, "model": model, "server": server, "vocab": vocab, "slo": slo.model_dump(), "rows": rows,
-           "texts": texts}
+    ctx = {"url": url + path, "base": url, "model": model, "server": server, "vocab": vocab,
+           "slo": slo.model_dump(), "rows": rows, "texts": texts}
     points, saturation = [], None
     for index, (kind, value) in enumerate(options.points(workload)):
         points.append(run_point(ctx, index, kind, value, options.requests, workload, options, say))
@@ -169,9 +169,13 @@ def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, wor
         warm = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], n_warm, seed + 500, ctx["texts"])
         bodies = wl.bodies(workload, options, ctx["model"], ctx["server"], ctx["vocab"], requests, seed, ctx["texts"])
         say(f"{label}: {requests} requests" + (f" (repeat {repeat + 1}/{options.repeats})" if options.repeats > 1 else ""))
+        before = speculation.scrape(ctx["base"]) if ctx.get("base") else None
         got = client.run(ctx["url"], kind, value, bodies, warm, options.request_timeout_s, seed)
+        accepted = speculation.point(before, speculation.scrape(ctx["base"]) if before else None,
+                                     len(got["records"]) + len(got["warmup"]))
         costs = metrics.client_costs(got["client_cpu_s"], got["client_wall_s"], got["loop_lag_s"])
-        repeats.append(metrics.summarize(got["records"], ctx["slo"], costs))
+        repeats.append(metrics.summarize(got["records"], ctx["slo"], costs) | (
+            {"speculation": accepted} if accepted else {}))
         origin = min((r.start for r in got["records"]), default=0.0)
         ctx["rows"] += [{"point": index, "repeat": repeat, **r.to_dict(origin)} for r in got["warmup"] + got["records"]]
     point = {"load": {"kind": kind, "value": value}, **metrics.median_of(repeats)}
@@ -179,7 +183,9 @@ def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, wor
         point["repeats"] = repeats
     say(f"  {point['requests']['ok']}/{point['requests']['sent']} ok, {point['request_throughput']:.2f} req/s, "
         f"{point['output_throughput']:.1f} output tok/s" + (f", TTFT p99 {point['ttft_ms']['p99']:.1f} ms"
-                                                            if point["ttft_ms"] else ""))
+                                                            if point["ttft_ms"] else "")
+        + (f", {point['speculation']['mean_acceptance_length']:.2f} tokens per step" if point.get("speculation")
+           else ""))
     return point
 
 

@@ -187,7 +187,8 @@ def outputs(result: dict) -> dict:
 
 
 def point_figures(point: dict) -> dict:
-    """TTFT / TPOT / ITL / end-to-end p50 and p99, throughput, goodput and errors of one load point."""
+    """TTFT / TPOT / ITL / end-to-end p50 and p99, throughput, goodput and errors of one load point, and speculative
+    decoding's acceptance where the server reports it."""
     good = point.get("goodput")
     return {
         "load": point["load"], "requests": point["requests"],
@@ -196,4 +197,6 @@ def point_figures(point: dict) -> dict:
         "total_token_throughput": point["total_token_throughput"],
         "goodput": {k: good[k] for k in ("requests_per_s", "fraction")} if good else None,
         "errors": {kind: e["count"] for kind, e in point["errors"].items()},
+        **({"speculation": {k: point["speculation"].get(k) for k in ("acceptance_rate", "mean_acceptance_length")}}
+           if point.get("speculation") else {}),
     }
