@@ -11,14 +11,23 @@ depend on the tuned parameters:
 
     speed = exp(-SHARPNESS x sum over parameters of |log2(value / best value)|)   (sizes)
                                        ... of |value - best value| / 0.03      (memory fractions)
-    TTFT = LLMOPT_SIM_TTFT_MS / speed, inter-token gap = LLMOPT_SIM_ITL_MS / speed
+    TTFT = LLMOPT_SIM_TTFT_MS / speed, decode step = LLMOPT_SIM_ITL_MS / speed x max(1, n x (k + 1) / KNEE)
 
 with the best values from ``LLMOPT_SIM_BEST`` (JSON: parameter -> value), so one setting is best and a
 search can be checked to find it. A memory fraction above ``LLMOPT_SIM_OOM_ABOVE`` exits at start-up as an
 engine out of memory does, and the settings of ``LLMOPT_SIM_HANG`` never answer. With speculative decoding in
 its settings (vLLM's ``speculative-config``, SGLang's ``speculative-algorithm``) it drafts ``k`` tokens per step of
 which a share ``LLMOPT_SIM_ACCEPTANCE`` (0.75) is accepted, and ``GET /metrics`` reports the engine's own
-Prometheus counters of that (vLLM's ``vllm:spec_decode_*``, SGLang's verify steps and output tokens). ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
+Prometheus counters of that (vLLM's ``vllm:spec_decode_*``, SGLang's verify steps and output tokens).
+
+Speculation's speed depends on acceptance and load, as on a GPU: a step of ``n`` requests in flight computes
+``n x (k + 1)`` tokens, which cost no more than one token's step up to ``LLMOPT_SIM_KNEE`` (8: memory-bound
+decoding) and proportionally more beyond it (compute-bound); drafting adds ``DRAFT_COST`` of a step per drafted
+token; each step yields ``1 + k x acceptance`` tokens a request. So k = 3 at 0.75 acceptance is about 2.5x faster
+per token at one request in flight, and slower than no speculation from about 3 in flight. Answers are greedy and
+deterministic: each token a word chosen by a hash of the prompt and its position, the same streamed or not, with
+or without speculation, unless ``LLMOPT_SIM_SPEC_CORRUPT`` (a share, 0 to 1) makes that share of the prompts'
+answers differ with speculation on, from their second token (a broken speculative path). ``GET /v1/models`` says ``llmopt_simulated: true``: llmopt labels every figure
 it measures here as simulated. A child process (``sleep``, as an engine's worker) is started, its pid written
 into ``LLMOPT_SIM_CHILDREN`` (a folder) when that is set, so tests can check the whole group is stopped.
 """
@@ -26,6 +35,7 @@ into ``LLMOPT_SIM_CHILDREN`` (a folder) when that is set, so tests can check the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -38,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_bench_fakeserver import FakeServer  # noqa: E402
 
 SHARPNESS = 0.7
+DRAFT_COST = 0.1  # a drafted token's share of a decode step
 FRACTIONS = {"vllm": "gpu-memory-utilization", "trtllm": "free_gpu_memory_fraction", "sglang": "mem-fraction-static"}
 FRONTEND = {"host", "port", "config", "model", "model-path", "backend"}
 
@@ -104,7 +115,25 @@ def drafted(engine: str, settings: dict) -> int:
         return int(spec.get("num_speculative_tokens") or 1)
     if engine == "sglang" and settings.get("speculative-algorithm"):
         return int(settings.get("speculative-num-draft-tokens") or 4) - 1
+    if engine == "trtllm" and settings.get("speculative_config"):
+        return int(settings["speculative_config"].get("max_draft_len") or 1)
     return 0
+
+
+def fraction(*parts) -> float:
+    """A number in [0, 1) fixed by ``parts``."""
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2 ** 64
+
+
+def answer(req: dict, n_out: int, corrupt: float) -> list[str]:
+    """The greedy answer's ``n_out`` tokens (a word each) to ``req``'s prompt; a ``corrupt`` share of prompts answered
+    otherwise from the second token."""
+    prompt = req.get("messages") or req.get("prompt")
+    words = [f" w{int(fraction(prompt, k) * 1000)}" for k in range(n_out)]
+    if corrupt and fraction(prompt, "corrupt") < corrupt:
+        words[1:] = [f" x{int(fraction(prompt, k, 'x') * 1000)}" for k in range(1, n_out)]
+    return words
 
 
 class SimServer(FakeServer):
@@ -114,6 +143,8 @@ class SimServer(FakeServer):
         self.ttft = float(os.environ.get("LLMOPT_SIM_TTFT_MS", "20")) / factor
         self.itl = float(os.environ.get("LLMOPT_SIM_ITL_MS", "5")) / factor
         self.acceptance = float(os.environ.get("LLMOPT_SIM_ACCEPTANCE", "0.75"))
+        self.knee = float(os.environ.get("LLMOPT_SIM_KNEE", "8"))
+        self.corrupt = float(os.environ.get("LLMOPT_SIM_SPEC_CORRUPT", "0")) if k else 0.0
         self.counts = {"steps": 0.0, "tokens": 0.0}
 
     def speculate(self, n_out: int) -> None:
@@ -149,17 +180,32 @@ class SimServer(FakeServer):
         else:
             await super().get(path, writer)
 
+    def gap_ms(self) -> float:
+        """The time between a request's tokens now: one decode step of the requests in flight, over the tokens a
+        step yields."""
+        step = self.itl * (1 + DRAFT_COST * self.k) * max(1.0, self.inflight * (self.k + 1) / self.knee)
+        return step / (1 + self.k * self.acceptance)
+
     async def stream(self, i: int, path: str, req: dict, writer, arrived: float) -> None:
         n_out = int(req.get("max_tokens") or 16)
+        words = answer(req, n_out, self.corrupt)
+        if req.get("stream") is False:  # one JSON answer, after the time the tokens take
+            await asyncio.sleep((self.ttft + self.gap_ms() * (n_out - 1)) / 1e3)
+            self.speculate(n_out)
+            choice = ({"message": {"role": "assistant", "content": "".join(words)}} if "messages" in req
+                      else {"text": "".join(words)})
+            await self.send_json(writer, 200, {"id": f"r{i}", "object": "completion", "model": "sim-model", "choices": [
+                {"index": 0, **choice, "finish_reason": "length"}], "usage": {"completion_tokens": n_out}})
+            return
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         due = arrived + self.ttft / 1e3
         for k in range(n_out):
-            due += 0.0 if k == 0 else self.itl / 1e3
+            due += 0.0 if k == 0 else self.gap_ms() / 1e3
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             self.chunk(writer, {"id": f"r{i}", "object": "chunk", "created": 0, "model": "sim-model", "choices": [
-                {"index": 0, "text": f" t{k}", "finish_reason": "length" if k == n_out - 1 else None}]})
+                {"index": 0, "text": words[k], "finish_reason": "length" if k == n_out - 1 else None}]})
             await writer.drain()
         if (req.get("stream_options") or {}).get("include_usage"):
             prompt = req.get("prompt")
