@@ -261,7 +261,11 @@ class TuneSection(Section):
     space: dict[str, list[Any]] = Field(
         default_factory=dict, description="Candidates of a parameter, replacing llmopt's (which never start below "
         "the deploy stage's prediction): `space = { max-num-seqs = [256, 512] }`. The names are the engine's "
-        "(docs/tune.md lists them); the predicted value is always tried first.")
+        "(docs/tune.md lists them); the predicted value is always tried first. With [serve.speculative], "
+        "num_speculative_tokens (0: off) is searched too: `space = { num_speculative_tokens = [0, 2, 4] }`.")
+    lossless_prompts: int = Field(16, ge=0, description="With [serve.speculative]: the workload's prompts whose greedy "
+                                  "answers are compared with and without speculation after the search; fewer than 90% "
+                                  "identical fails the stage (docs/tune.md). 0: no check.")
 
 
 class OutputSection(Section):

@@ -4,7 +4,8 @@ tuning.json lists every trial (values, figures, verdict against the SLO, whether
 earlier search), the default (the deploy stage's prediction), the winner and its gain over the
 default. ``deploy/`` is the deploy stage's folder with the winner's values written in and a comment
 saying it was tuned, by how much and how (measured, or simulated); when the engine could not run,
-the prediction, with a comment saying it was not tuned. Simulated figures (an engine that says it
+the prediction, with a comment saying it was not tuned. Where speculative decoding was searched, tuning.json's
+``speculation`` and report.md's section give its measured effect and the lossless check's verdict. Simulated figures (an engine that says it
 simulates, as the test engines do) are labelled simulated wherever they appear.
 """
 
@@ -55,7 +56,7 @@ def note(result: dict) -> str:
     if not changed:
         return (f"Tuned by llmopt ({how(result)}): no candidate beat the predicted launch config by more than "
                 f"{result['min_gain']:.0%} in {result['objective']}; the prediction is kept.")
-    values = ", ".join(f"{k} {show(v)} (predicted {show(result['default'].get(k))})" for k, v in changed.items())
+    values = ", ".join(f"{k} {show(v, k)} (predicted {show(result['default'].get(k), k)})" for k, v in changed.items())
     return (f"Tuned by llmopt ({how(result)}): {values};\n{result['objective']} {times(result['gain'])} the "
             f"predicted config's (medians; tuning.json in the artifact's reports/tune/ lists every trial).")
 
@@ -65,7 +66,9 @@ def times(gain: float | None) -> str:
     return "above 0 against 0 for" if gain is None else f"{gain:.2f}x"
 
 
-def show(value) -> str:
+def show(value, name: str = "") -> str:
+    if name == "num_speculative_tokens" and not value:
+        return "0 (speculation off)"
     return "engine default" if value is None else str(value)
 
 
@@ -78,7 +81,7 @@ def outputs(result: dict) -> dict:
         return mine[0]["figures"] if mine else None
 
     out = {k: result.get(k) for k in ("tuned", "engine", "reason", "objective", "default", "winner", "gain", "simulated",
-                                      "stopped", "workload", "slo")}
+                                      "stopped", "workload", "slo", "speculation")}
     out |= {"trials": len(trials), "default_figures": best_of(result.get("default")),
             "winner_figures": best_of(result.get("winner")), "files": result["files"]}
     return out
@@ -98,7 +101,37 @@ def markdown(tune: dict) -> str:
         lines.append(f"| {name} | {', '.join(f'{k}={show(v)}' for k, v in values.items())} | "
                      f"{'-' if good is None else f'{good:.3f}'} | {fig.get('output_throughput', 0):.1f} | "
                      f"{_p99(fig.get('ttft_ms'))} | {_p99(fig.get('tpot_ms'))} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + speculation_lines(tune.get("speculation"))) + "\n"
+
+
+def speculation_lines(spec: dict | None) -> list[str]:
+    """Speculative decoding's measured effect and the lossless check, for report.md."""
+    if not spec:
+        return []
+    verdict = "kept" if spec["kept"] else "turned off"
+    lines = ["", f"Speculative decoding ({spec['parameter']} {spec['configured']} in the recipe): {verdict} at "
+             f"concurrency {spec['concurrency']} (it stays only when it beats the same config without it by more "
+             "than 5%)."]
+    if spec.get("with") and spec.get("without"):
+        lines += ["", "| speculation | output tok/s | TPOT p50 ms | TPOT p99 ms | acceptance rate | tokens per step |",
+                  "|---|---|---|---|---|---|"]
+        for label, side in (("with", spec["with"]), ("without", spec["without"])):
+            tpot = side.get("tpot_ms") or {}
+            lines.append(f"| {label} ({spec['parameter']} {side['values'].get(spec['parameter'])}) | "
+                         f"{side.get('output_throughput') or 0:.1f} | {_num(tpot.get('p50'))} | {_num(tpot.get('p99'))} | "
+                         f"{_num(side.get('acceptance_rate'), '.2f')} | {_num(side.get('mean_acceptance_length'), '.2f')} |")
+    check = spec.get("lossless")
+    if check:
+        lines += ["", f"Lossless check: {check['identical']} of {check['prompts']} greedy answers identical with and "
+                  f"without speculation ({'passed' if check['passed'] else 'failed'}; at least "
+                  f"{check['min_identical']:.0%} needed)."]
+        lines += [f"- prompt {d['prompt']}: parts at character {d['at_char']} of {d['of_chars']}: {d['with']!r} with, "
+                  f"{d['without']!r} without" for d in check["diverged"][:5]]
+    return lines
+
+
+def _num(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _p99(stat) -> str:

@@ -14,6 +14,13 @@ other than the default is measured again: ``repeats`` rounds of default then win
 its gain is the ratio of the medians over all its measurements; a gain within ``MIN_GAIN`` keeps the
 default.
 
+A parameter that must earn its place (``earn``: its name and its "off" value; speculative decoding, which
+the recipe turns on but which costs compute a step at high concurrency) is held to the opposite rule too:
+when the search (and the confirmation) ends with it on, the same values with it off are measured (from the store
+when the search already did), and it stays on only when on beats off by more than ``MIN_GAIN``; off is then the
+winner even where it is slower than the default by less than that, and its gain says so. That trial is one beyond
+``max_trials`` when the search had not measured it.
+
 Every trial's record is a file of the trial store (``<cache>/tune/<key>/trials/<id>.json``, written
 last and renamed into place), named by the hash of its values and its round, so a search killed
 half-way resumes without repeating the trials it finished.
@@ -79,8 +86,9 @@ class Search:
     """One search: the grid, how to measure a setting, where trials are kept, and the budget."""
 
     def __init__(self, grid: dict[str, list], measure: Measure, store: TrialStore, budget: Budget, goodput: bool,
-                 say=None, follow=None):
+                 say=None, follow=None, earn: dict[str, Any] | None = None):
         self.grid, self.measure, self.store, self.budget, self.goodput = grid, measure, store, budget, goodput
+        self.earn = {k: v for k, v in (earn or {}).items() if k in grid}  # parameter -> its "off" value
         self.say = say or (lambda message: None)
         self.follow = follow or (lambda name, values: values)  # what moves along with a parameter (spaces.follow)
         self.trials: list[dict] = []
@@ -170,12 +178,31 @@ class Search:
             self.run(best, f"confirm-{index}", "confirm")
         return gain(self.trials, default, best)
 
+    def earned(self, best: dict) -> dict:
+        """``best``, with each parameter of ``earn`` that is on set off unless on beat off by more than MIN_GAIN."""
+        for name, off in self.earn.items():
+            if best.get(name) == off:
+                continue
+            without = best | {name: off}
+            mine = [t for t in self.trials if key_of(t["values"]) == key_of(best) and t["round"] == "search"]
+            on = eligible(mine[-1]) if mine else eligible(self.run(best))
+            found = [t for t in self.trials if key_of(t["values"]) == key_of(without) and t["round"] == "search"]
+            off_score = eligible(found[-1] if found else self.run(without, phase="earn"))
+            if not on > off_score * (1 + MIN_GAIN):
+                self.say(f"{name} {best[name]} did not beat {name} {off} by more than {MIN_GAIN:.0%} "
+                         f"({on:.3g} against {off_score:.3g}): off")
+                best = without
+        return best
+
     def execute(self) -> dict:
         default, best = self.descend()
         ratio = self.confirm(default, best)
         if ratio is not None and ratio <= 1 + MIN_GAIN:
             self.say(f"the best candidate's gain did not hold when measured again ({ratio:.2f}x): keeping the default")
             best = default
+        earned = self.earned(best)
+        if earned != best:  # on did not earn its place: off, whatever off's ratio to the default
+            best, ratio = earned, gain(self.trials, default, earned)
         return {"objective": self.objective, "default": default, "winner": best,  # gain None: the default scored 0
                 "gain": ratio if best != default else 1.0, "stopped": self.stopped,
                 # goodput 0 in every trial: nothing met the SLO at this load, so no candidate could be ranked

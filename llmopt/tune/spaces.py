@@ -24,6 +24,12 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   (``queue_for``: 512, room for a load generator's sweep, or the concurrency when more) when the prediction
   is shorter. Nothing shorter is tried: a waiting request costs no compute, so a shorter queue can only
   refuse requests, and a tuned launch.sh must still hold a sweep without 429s.
+* ``speculative`` (tokens drafted per step, where ``[serve.speculative]`` is configured; ``num_speculative_tokens``
+  for every engine): the prediction (the recipe's ``num_tokens``), 0 (speculation off: the engine's whole
+  speculative config removed), one fewer and one more. It comes first in the grid: its effect is the largest, and
+  the batch sizes that suit a step of k + 1 tokens a sequence differ from those of one. ``llmopt.tune.speculation``
+  says why it must also earn its place. SGLang's speculation is not searched (its options are command-line flags
+  that a trial would have to remove from launch.sh and the manifests).
 
 Worker processes and ONNX Runtime's threads split the same cores, so they are not searched apart: a trial
 of ``parallel`` = N runs each worker with cores // N intra-op threads (``shares``), and the threads are
@@ -59,23 +65,26 @@ class Param:
     where: str  # yaml | json | arg
     file: str  # the file of deploy/<engine>/ that holds it
     key: str  # a dotted path in the file, or the command-line flag (arg)
-    grows: str  # size | seqs | fraction | graph | threads | slots | queue
+    grows: str  # size | seqs | fraction | graph | threads | slots | queue | speculative
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
     shares: str | None = None  # a parameter that splits the cores with this one: it moves to cores // this
 
 
 VLLM, TRTLLM = ENGINE_DEFAULTS["vllm"], ENGINE_DEFAULTS["trtllm"]  # the pinned engines' own defaults
+SPECULATIVE = "num_speculative_tokens"  # the name of speculation's parameter, whichever the engine
 SPACES: dict[str, tuple[Param, ...]] = {
     "vllm": (Param("max-num-seqs", "yaml", "config.yaml", "max-num-seqs", "seqs"),
              Param("max-num-batched-tokens", "yaml", "config.yaml", "max-num-batched-tokens", "size"),
              Param("gpu-memory-utilization", "yaml", "config.yaml", "gpu-memory-utilization", "fraction",
                    VLLM["gpu_memory_utilization"]),
-             Param("max-cudagraph-capture-size", "yaml", "config.yaml", "max-cudagraph-capture-size", "graph")),
+             Param("max-cudagraph-capture-size", "yaml", "config.yaml", "max-cudagraph-capture-size", "graph"),
+             Param(SPECULATIVE, "yaml", "config.yaml", "speculative-config.num_speculative_tokens", "speculative")),
     "trtllm": (Param("max_batch_size", "yaml", "config.yaml", "max_batch_size", "seqs", TRTLLM["max_num_seqs"]),
                Param("max_num_tokens", "yaml", "config.yaml", "max_num_tokens", "size",
                      TRTLLM["max_num_batched_tokens"]),
                Param("free_gpu_memory_fraction", "yaml", "config.yaml", "kv_cache_config.free_gpu_memory_fraction",
-                     "fraction", TRTLLM["free_gpu_memory_fraction"])),
+                     "fraction", TRTLLM["free_gpu_memory_fraction"]),
+               Param(SPECULATIVE, "yaml", "config.yaml", "speculative_config.max_draft_len", "speculative")),
     "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "seqs"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
                Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
@@ -120,15 +129,18 @@ def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = No
         return list(dict.fromkeys([value, *range(1, most + 1)]))
     if param.grows == "queue":
         return list(dict.fromkeys([value, max(int(value), queue_for(concurrency))]))
+    if param.grows == "speculative":  # off, then the neighbours of the recipe's num_tokens (1 to 16)
+        return [] if not value else list(dict.fromkeys([int(value), 0, *(n for n in (int(value) - 1, int(value) + 1)
+                                                                          if 1 <= n <= 16)]))
     raise ValueError(param.grows)
 
 
 def grid(engine: str, folder: Path, concurrency: int, overrides: dict[str, list] | None = None) -> dict[str, list]:
     """Every parameter's candidates (``overrides`` replace a parameter's), the prediction first; parameters
-    without candidates (a value the config does not state) are left out."""
+    without candidates (a value the config does not state) are left out. Speculation comes first."""
     base = predicted(folder, engine)
     out = {}
-    for param in space(engine):
+    for param in sorted(space(engine), key=lambda p: p.grows != "speculative"):
         values = list((overrides or {}).get(param.name) or candidates(param, base[param.name], concurrency))
         if base[param.name] not in values:
             values.insert(0, base[param.name])
@@ -182,6 +194,9 @@ def apply(folder: Path, engine: str, values: dict[str, Any], note: str = "") -> 
                 args += [param.key, str(value)]
             continue
         path = folder / param.file
+        if param.grows == "speculative" and not value:  # off: the engine's speculative config removed
+            path.write_text(drop_yaml(path.read_text(), param.key.split(".")[0]))
+            continue
         if param.where == "yaml":
             path.write_text(set_yaml(path.read_text(), param.key, value))
             continue
@@ -278,6 +293,20 @@ def set_yaml(text: str, key: str, value: Any) -> str:
             return "\n".join(lines) + "\n"
         start, indent = found + 1, indent + 2
     return text
+
+
+def drop_yaml(text: str, key: str) -> str:
+    """YAML ``text`` without the top-level ``key`` and the block under it."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if re.match(rf"^{re.escape(key)}:(\s|$)", line):
+            inside = True
+            continue
+        if inside and (line.startswith((" ", "\t")) or not line.strip()):
+            continue
+        inside = False
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def _number(text: str) -> Any:

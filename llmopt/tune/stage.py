@@ -12,6 +12,10 @@ The key hashes the deploy stage's key, the model stage's key, the tune options, 
 and whether the engine is installed here. Trials are kept in ``<cache>/tune/<key>/`` (not in the
 stage's temporary folder, which a killed run loses), so a killed search resumes. An engine that is not
 installed here leaves the prediction in place, and tuning.json says why.
+
+Where ``[serve.speculative]`` is configured (vLLM, TensorRT-LLM), speculation is a parameter of the search that
+must earn its place, and after the search the lossless check compares greedy answers with and without it
+(``llmopt.tune.speculation``): answers that differ beyond engine numerics fail the stage.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class TuneStageOptions(ServedLoad):
     repeats: int = Field(ge=0, description="[tune] repeats: confirmation rounds of default and winner.")
     space: dict[str, list[Any]] = Field(default_factory=dict, description="[tune] space: candidates per parameter.")
     startup_timeout_s: float = Field(1200.0, gt=0, description="[tune] startup_timeout_s.")
+    lossless_prompts: int = Field(16, ge=0, description="[tune] lossless_prompts.")
 
 
 def tune_options(recipe) -> TuneStageOptions:
@@ -43,7 +48,8 @@ def tune_options(recipe) -> TuneStageOptions:
     return TuneStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo,
                             requests=tune.requests or bench.requests, warmup=bench.warmup,
                             max_trials=tune.max_trials, max_minutes=tune.max_minutes, repeats=tune.repeats,
-                            space=tune.space, startup_timeout_s=tune.startup_timeout_s)
+                            space=tune.space, startup_timeout_s=tune.startup_timeout_s,
+                            lossless_prompts=tune.lossless_prompts)
 
 
 def engine_available(engine: str) -> bool:
@@ -66,11 +72,21 @@ def plan_problems(loaded) -> list[Problem]:
     wrong = spaces.check_overrides(name, recipe.tune.space)
     if wrong:
         return [Problem(wrong, loaded.where("tune", "space"), "name only the engine's parameters (docs/tune.md)")]
+    if spaces.SPECULATIVE in recipe.tune.space and recipe.serve.speculative is None:
+        return [Problem(f"[tune] space names {spaces.SPECULATIVE}, but [serve] has no speculative decoding to tune",
+                        loaded.where("tune", "space"), "add [serve.speculative] (method, num_tokens), or leave "
+                        f"{spaces.SPECULATIVE} out of the space")]
+    found = []
+    if recipe.serve.speculative is not None and spaces.SPECULATIVE not in [p.name for p in spaces.space(name)]:
+        found.append(Problem(f"[tune] does not search {name}'s speculative decoding: [serve.speculative] stays as the "
+                             "recipe says, neither measured against no speculation nor checked for lossless answers",
+                             loaded.where("serve", "speculative"), "measure it with llmopt bench (acceptance per "
+                             "load point), or serve with vllm or trtllm to tune it", severity="warning"))
     if not engine_available(name):
-        return [Problem(f"[tune] cannot start {name} on this machine (not installed): the launch config stays the "
-                        "prediction, and tuning.json says so", where,
-                        f"run where {name} is installed, or `llmopt tune ARTIFACT` there", severity="warning")]
-    return []
+        found.append(Problem(f"[tune] cannot start {name} on this machine (not installed): the launch config stays "
+                             "the prediction, and tuning.json says so", where,
+                             f"run where {name} is installed, or `llmopt tune ARTIFACT` there", severity="warning"))
+    return found
 
 
 def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict) -> Path:
@@ -128,11 +144,29 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
     measure = measurer(options, model_dir, deploy_dir, manifest, cache_root, store.root, say)
     budget = Budget(options.max_trials, options.max_minutes, options.repeats)
     search = Search(grid, measure, store, budget, goodput=any(v is not None for v in options.slo.model_dump().values()),
-                    say=say, follow=spaces.follow(options.engine, grid))
+                    say=say, follow=spaces.follow(options.engine, grid), earn={spaces.SPECULATIVE: 0})
     result = search.execute() | {"tuned": True, "engine": options.engine, "store": str(store.root)}
     if not any(t["verdict"] != "failed" for t in result["trials"]):
         result |= {"tuned": False, "reason": "no trial's server started: the launch config stays the prediction"}
+    elif spaces.SPECULATIVE in grid:
+        result["speculation"] = speculated(options, result, model_dir, deploy_dir, manifest, cache_root, store, say)
     return report.write(result, options, deploy_dir, out_dir)
+
+
+def speculated(options: TuneStageOptions, result: dict, model_dir: Path, deploy_dir: Path, manifest: dict,
+               cache_root: Path, store, say) -> dict:
+    """Speculation's measured effect, and the lossless check (which raises StageFailed when it fails)."""
+    from llmopt.tune import spaces, speculation
+
+    name = spaces.SPECULATIVE
+    out = speculation.effect(result, name, options.workload.concurrency)
+    if options.lossless_prompts:
+        def run_answers(values: dict, folder: Path) -> list[str]:
+            return speculation.answers(options, values, model_dir, deploy_dir, manifest, cache_root, folder, say)
+
+        out["lossless"] = speculation.check(options, result["winner"], name, out["configured"], run_answers, store,
+                                            say)
+    return out
 
 
 @register("stage", "tune")
