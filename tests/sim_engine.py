@@ -169,7 +169,8 @@ class SimServer(FakeServer):
 
     async def get(self, path: str, writer) -> None:
         if path.startswith("/metrics"):
-            data = (self.metrics() if self.k else "# no speculative decoding\n").encode()
+            # TensorRT-LLM's /metrics is JSON iteration statistics, with no acceptance counters
+            data = (self.metrics() if self.k and self.owned_by != "trtllm" else "# no speculative decoding\n").encode()
             writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {len(data)}\r\n\r\n"
                          .encode() + data)
             await writer.drain()

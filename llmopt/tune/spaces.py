@@ -141,6 +141,8 @@ def grid(engine: str, folder: Path, concurrency: int, overrides: dict[str, list]
     base = predicted(folder, engine)
     out = {}
     for param in sorted(space(engine), key=lambda p: p.grows != "speculative"):
+        if param.grows == "speculative" and not base[param.name]:  # no speculative config to set num_tokens in
+            continue  # (e.g. an artifact whose tuning turned it off)
         values = list((overrides or {}).get(param.name) or candidates(param, base[param.name], concurrency))
         if base[param.name] not in values:
             values.insert(0, base[param.name])
