@@ -7,8 +7,8 @@ writes, checked against each engine's own source of the version named here.
 * TensorRT-LLM 1.2.1: every ``TorchLlmArgs`` field (the keys of trtllm-serve's ``--config`` YAML) and the
   fields of the nested configs llmopt writes, from ``tensorrt_llm/llmapi/llm_args.py``; unknown keys are
   errors, as they are for TensorRT-LLM (its argument models forbid extra keys);
-* SGLang 0.5.23: every option of ``ServerArgs.add_cli_args`` (the ``sglang/srt/arg_groups``
-  field declarations and ``server_args.py`` of the 0.5.23 wheel).
+* SGLang 0.5.23: every option of ``ServerArgs.add_cli_args`` (read from the 0.5.23 wheel's parser,
+  with the ``--no-x`` forms of its boolean options).
 
 ``check_flags`` validates a config against a table when the engine itself is not installed. The
 ``*_TABLES`` give each engine version llmopt has a table of; a serve backend writes for one of them or
@@ -79,14 +79,14 @@ enable-tp-lm-head-all-to-all enable-trace enable-two-batch-overlap enable-unifie
 enable-unified-memory enable-w4a4-mxfp4-megamoe enable-waterfill enable-watermark enable-weights-cpu-backup
 encoder-bootstrap-port encoder-only encoder-register-urls encoder-transfer-backend encoder-urls
 enforce-disable-flashinfer-allreduce-fusion enforce-shared-experts-fusion engine-info-bootstrap-port ep
-ep-dispatch-algorithm ep-join-mode ep-join-rank-offset ep-num-redundant-experts ep-size eplb-algorithm
+ep-dispatch-algorithm ep-num-redundant-experts ep-size eplb-algorithm
 eplb-min-rebalancing-utilization-threshold eplb-rebalance-layers-per-chunk eplb-rebalance-num-iterations
 expert-balancedness-report-mode expert-distribution-recorder-buffer-size expert-distribution-recorder-mode
 expert-parallel-size experts-shared-outer-loras export-metrics-to-file export-metrics-to-file-dir
 extra-metric-labels fastapi-root-path file-storage-path flashinfer-a2a-dispatch-type
 flashinfer-allreduce-fusion-backend flashinfer-autotune-skip-ops flashinfer-mla-disable-ragged
 flashinfer-mxfp4-moe-precision flexkv-config-file forward-hooks forward-pass-metrics-ipc-name
-forward-pass-metrics-worker-id fp4-gemm-runner-backend fp8-gemm-runner-backend fuseep-mode gated-launch-port
+forward-pass-metrics-worker-id fp4-gemm-backend fp8-gemm-backend fuseep-mode gated-launch-port
 gc-threshold gc-warning-threshold-secs generation-tokens-buckets gpu-id-step grammar-backend
 grpc-http-sidecar-port grpc-mode grpc-port grpc-response-timeout-secs hf-chat-template-name
 hicache-host-memory-fraction hicache-host-memory-mode hicache-io-backend hicache-mem-layout hicache-ratio
@@ -154,6 +154,10 @@ unified-cache-external-linker-config uno-lora-path use-ray uvicorn-access-log-ex
 watchdog-timeout watermark-config weight-cache-mode weight-cache-socket weight-cache-timeout
 weight-loader-disable-mmap weight-loader-drop-cache-after-load weight-loader-prefetch-checkpoints
 weight-loader-prefetch-num-threads weight-version
+elastic-ep-join-mode elastic-ep-join-rank-offset no-dcp-replicate-q-proj no-dllm-fdfo
+no-enable-decoder-swa-bounded-replay no-enable-dsa-fused-indexer no-enable-fused-qk-norm-rope
+no-enable-tf32-matmul no-enable-tp-lm-head-all-to-all no-experts-shared-outer-loras no-lora-strict-loading
+no-mm-enable-dp-encoder no-ple-offload-embedding no-speculative-enable-w4a4-mxfp4-megamoe
 """.split())
 
 SGLANG_QUANTIZATION = (
