@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 EXTRAS := torch,compress,modelopt,ort,eval,serve,bench,deploy,plots,ray,dev
 STAMP := $(VENV)/.llmopt-installed
 
-.PHONY: demo test test-fast install clean vllm-env
+.PHONY: demo test test-fast install clean vllm-env sglang-env
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,29 @@ $(VLLM_STAMP): Makefile
 	touch $@
 
 vllm-env: $(VLLM_STAMP)
+
+# SGLang 0.5.23 in its own environment, only to parse launch configs with SGLang's own ServerArgs
+# (see llmopt/deploy/validate_engine.py). SGLang pins torch 2.14.1 and a CUDA stack, so its wheel goes in
+# without dependencies, next to the CPU torch and the packages `import sglang.srt.server_args` imports
+# (found by blocking each import in turn; pinned to the versions that worked). triton is among them:
+# sglang/srt/utils/common.py imports it at the top, and the parser module imports that.
+SGLANG_ENV := .test-envs/sglang
+SGLANG_STAMP := $(SGLANG_ENV)/.llmopt-installed
+SGLANG_DEPS := sglang==0.5.23 triton==3.8.0 numpy==2.4.6 orjson==3.12.0 psutil==7.2.2 pybase64==1.5.1 \
+	requests==2.34.2 urllib3==2.8.0 idna==3.20 certifi==2026.10.19.post1 packaging==26.4 pillow==13.0.0 \
+	starlette==1.10.0 anyio==4.16.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+	typing-inspection==0.4.5 pyzmq==27.3.0 tqdm==4.70.1 msgspec==0.23.0 ipython==9.17.1 traitlets==5.16.1 \
+	pygments==2.21.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 frozenlist==1.8.0 \
+	multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 charset-normalizer==3.5.3
+
+$(SGLANG_STAMP): Makefile
+	test -x $(SGLANG_ENV)/bin/python || $(PYTHON) -m venv $(SGLANG_ENV)
+	$(SGLANG_ENV)/bin/python -m pip --disable-pip-version-check install -q $(TORCH)
+	$(SGLANG_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps $(SGLANG_DEPS)
+	$(SGLANG_ENV)/bin/python -c "import sglang.srt.server_args"
+	touch $@
+
+sglang-env: $(SGLANG_STAMP)
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache
