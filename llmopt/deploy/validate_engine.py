@@ -11,6 +11,15 @@ the parser lacks, and a ``false`` its config loader would drop, are named first.
 is loaded onto a device. Without such an interpreter the config is checked against the
 versioned flag table (``llmopt.deploy.flags``) plus the same shape rules, and the result
 says which was used (``validated_by``).
+
+SGLang: given a Python with SGLang (the recipe's ``serve.engine_python`` or ``$LLMOPT_SGLANG_PYTHON``;
+``make sglang-env`` builds one in ``.test-envs/sglang``), a script parses llmopt's launch arguments in that
+interpreter with ``prepare_server_args`` (``ServerArgs.add_cli_args`` on launch_server's argparse, then the
+``ServerArgs`` record), names the options the parser lacks first (argparse would take an unknown option that
+abbreviates a known one), checks that each value reaches ``ServerArgs`` as written and that SGLang knows the
+speculative algorithm. It stops before ``ServerArgs.resolve_once``, the launcher's step that reads the model
+and the platform (it needs transformers and a device), so parallel sizes against the model are left to
+``shape_errors``. SGLang's parser needs no GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from llmopt.deploy import flags
 from llmopt.errors import UsageError
 
 ENV_VAR = "LLMOPT_VLLM_PYTHON"
+SGLANG_ENV_VAR = "LLMOPT_SGLANG_PYTHON"
 MARK = "LLMOPT_RESULT "
 
 VLLM_SCRIPT = r"""
@@ -74,6 +84,56 @@ print("LLMOPT_RESULT " + json.dumps(out, default=str))
 """
 
 
+SGLANG_SCRIPT = r"""
+import contextlib, io, json, sys
+given = json.loads(sys.argv[1])
+argv, written = given["argv"], given["written"]
+out = {"ok": False, "errors": [], "version": None, "stage": "import", "unknown": []}
+try:
+    import argparse
+    import sglang
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    out["version"] = sglang.__version__
+    out["stage"] = "parser"
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    options = parser._option_string_actions
+    out["stage"] = "config"
+    out["unknown"] = sorted({a[2:] for a in argv if a.startswith("--") and a not in options})
+    if out["unknown"]:
+        raise ValueError("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = prepare_server_args(argv)
+    except SystemExit:
+        raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
+    for key, value in written.items():
+        got = getattr(args, options["--" + key].dest, None)
+        if isinstance(value, bool):
+            same = bool(got) == value
+        elif isinstance(value, (int, float)):
+            same = isinstance(got, (int, float)) and float(got) == float(value)
+        elif isinstance(value, str):
+            same = str(got) == value
+        else:
+            continue
+        if not same:
+            out["errors"].append(f"{key}: written as {value!r}, reaches ServerArgs as {got!r}")
+    if getattr(args, "speculative_algorithm", None):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+    out["server_args"] = {k: getattr(args, k, None) for k in (
+        "model_path", "served_model_name", "dtype", "quantization", "context_length", "mem_fraction_static",
+        "max_running_requests", "chunked_prefill_size", "tp_size", "pp_size", "dp_size", "ep_size",
+        "speculative_algorithm", "speculative_num_steps", "speculative_num_draft_tokens", "port")}
+    out["ok"] = not out["errors"]
+except Exception as exc:
+    out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
+print("LLMOPT_RESULT " + json.dumps(out, default=str))
+"""
+
+
 def engine_python(explicit: str | None = None) -> str | None:
     """The interpreter to validate with: the argument, else $LLMOPT_VLLM_PYTHON, else None."""
     return explicit or os.environ.get(ENV_VAR) or None
@@ -106,6 +166,30 @@ def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None,
                 "errors": ["the validation script failed: " + " | ".join(tail)]}
     result = json.loads(line[len(MARK):])
     result["validated_by"] = f"vllm {result.pop('version')} EngineArgs"
+    return result
+
+
+def validate_sglang(argv: list[str], written: dict, python: str, timeout: int = 300) -> dict:
+    """``{"ok", "validated_by", "errors", "unknown", "stage"}`` of launch_server's arguments ``argv`` (the whole
+    command line after ``-m sglang.launch_server``) as the SGLang in ``python`` parses them; ``written``: llmopt's
+    options by long name, whose values must reach ``ServerArgs`` as written. ``unknown``: the options its parser
+    lacks; ``stage``: "import" or "parser" when SGLang could not build its parser, "config" when it judged them."""
+    if not Path(python).is_file():
+        raise UsageError(f"the SGLang Python {python!r} does not exist", where="serve.engine_python",
+                         fix="run `make sglang-env` (it builds .test-envs/sglang/bin/python) or leave it out")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONWARNINGS="ignore", DO_NOT_TRACK="1")
+    try:
+        done = subprocess.run([python, "-c", SGLANG_SCRIPT, json.dumps({"argv": argv, "written": written})],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "validated_by": "sglang ServerArgs", "errors": [f"SGLang's parser took over {timeout}s"]}
+    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(MARK)), None)
+    if line is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"ok": False, "validated_by": "sglang ServerArgs", "stage": "import",
+                "errors": ["the validation script failed: " + " | ".join(tail)]}
+    result = json.loads(line[len(MARK):])
+    result["validated_by"] = f"sglang {result.pop('version')} ServerArgs"
     return result
 
 

@@ -3,8 +3,9 @@
 A GPU serve backend writes for one version of its engine: its ``engine_version`` option, else the version of
 the engine installed here, else the version llmopt's flag table was written for (``llmopt.deploy.flags``).
 vLLM counts as installed when a Python with vLLM is named (``engine_python``, ``$LLMOPT_VLLM_PYTHON``) or the
-``vllm`` on PATH is a Python script; its version is read in that Python (``importlib.metadata``), never by
-importing vLLM into llmopt. Every flag the config writes is checked at plan time against llmopt's table of
+``vllm`` on PATH is a Python script, SGLang when a Python with it is named (``engine_python``,
+``$LLMOPT_SGLANG_PYTHON``; the ``sglang`` on PATH is not looked for); the version is read in that Python
+(``importlib.metadata``), never by importing the engine into llmopt. Every flag the config writes is checked at plan time against llmopt's table of
 that version, and at the deploy stage by that version's own parser where it is installed
 (``llmopt.deploy.validate_engine``). A version that is neither in a table nor installed here is a plan error, as is
 a flag the version lacks. The container image's tag follows the version (``image_tag``).
@@ -99,18 +100,28 @@ def script_python(path: str) -> str | None:
 
 def installed_vllm(explicit: str | None, env_var: str) -> tuple[Installed | None, tuple[str, str, str] | None]:
     """The vLLM installed here and, when a Python was named that has none, the (what, where, fix) of that."""
+    return installed("vllm", "vLLM", explicit, env_var, program="vllm")
+
+
+def installed(dist: str, engine: str, explicit: str | None, env_var: str, program: str | None = None
+              ) -> tuple[Installed | None, tuple[str, str, str] | None]:
+    """The engine ``dist`` in the Python named by ``explicit`` (serve.engine_python), else by ``$env_var``, else
+    (with ``program``) the Python of that console script on PATH; when a named Python has no ``dist``, the
+    (what, where, fix) of that. ``make <dist>-env`` builds one in .test-envs/<dist>."""
     for python, found_by in ((explicit, "serve.engine_python"), (os.environ.get(env_var), f"${env_var}")):
         if not python:
             continue
-        version = read_version(python, "vllm") if Path(python).is_file() else None
+        version = read_version(python, dist) if Path(python).is_file() else None
         if version is None:
-            return None, (f"the Python {python!r} has no vLLM installed", found_by,
-                          "run `make vllm-env` (it builds .test-envs/vllm/bin/python), name a Python with vLLM, "
-                          "or leave it out to write for engine_version against llmopt's flag table")
+            return None, (f"the Python {python!r} has no {engine} installed", found_by,
+                          f"run `make {dist}-env` (it builds .test-envs/{dist}/bin/python), name a Python with "
+                          f"{engine}, or leave it out to write for engine_version against llmopt's flag table")
         return Installed(version, python, found_by), None
-    program = shutil.which("vllm")
+    if program is None:
+        return None, None
+    program = shutil.which(program)
     python = script_python(program) if program else None
-    version = read_version(python, "vllm") if python else None
+    version = read_version(python, dist) if python else None
     return (Installed(version, python, f"`vllm` on PATH ({program})") if version else None), None
 
 
@@ -138,7 +149,7 @@ def choose(engine: str, stated: str | None, installed: Installed | None, tables:
 
 
 def table_choice(engine: str, stated: str | None, tables: dict[str, frozenset], default: str) -> Choice:
-    """The version of an engine llmopt checks by its flag table only (SGLang, TensorRT-LLM)."""
+    """The version of an engine llmopt checks by its flag table only (TensorRT-LLM)."""
     return choose(engine, normalized(stated) if stated else None, None, tables, default)
 
 

@@ -7,9 +7,12 @@ of the GPU; the rest is left for activations and CUDA graphs) for the recipe's t
 SGLang reads compressed-tensors, AWQ and GPTQ quantization from config.json by itself;
 ModelOpt checkpoints get the ``--quantization`` SGLang 0.5.23 maps their ``quant_algo`` to, and
 one it cannot load is refused. Expert parallelism stays inside the tensor-parallel group, as
-SGLang defines it. Options are checked against the flag table of SGLang 0.5.23 (SGLang is not
-installed).
-Needs: pyyaml (the ``deploy`` extra).
+SGLang defines it. Where SGLang is installed (a Python named by option ``engine_python`` or
+``$LLMOPT_SGLANG_PYTHON``; ``make sglang-env`` builds one), the config is written for its version and the
+deploy stage parses the launch arguments with that SGLang's own ``ServerArgs`` (``llmopt.deploy.validate_engine``,
+on the CPU): an option it lacks is a plan error. Otherwise they are checked against llmopt's flag table of
+SGLang 0.5.23.
+Needs: pyyaml (the ``deploy`` extra); SGLang itself only to validate, in its own environment.
 Produces: ``deploy/sglang/launch.sh``, ``docker-compose.yaml`` and ``kubernetes.yaml``
 (image ``lmsysorg/sglang``); the arguments are in the manifest's deploy record. For a replica over
 ``[target] nodes`` > 1, every node runs launch_server with ``--nnodes``, ``--node-rank`` and
@@ -100,7 +103,7 @@ class SglangOptions(files.DeploymentOptions):
     enable_prefix_caching: bool = Field(True, description="The radix cache of shared prefixes (off: --disable-radix-cache).")
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Other launch_server options by long name (e.g. {\"schedule-policy\" = "
-        "\"lpm\"}); checked against the SGLang flag table.")
+        "\"lpm\"}); checked by the installed SGLang's parser, else by llmopt's flag table.")
     override: list[str] = Field(
         default_factory=list, description="Keys of extra_args whose value wins over the one llmopt planned (e.g. "
         "[\"tp-size\"]: the memory model then plans with it); an extra that contradicts a planned value is "
@@ -110,8 +113,32 @@ class SglangOptions(files.DeploymentOptions):
     tag: str | None = Field(None, description="Image tag; default: v<engine_version> (v0.5.23).")
     engine_version: str | None = Field(
         None, pattern=versions.PATTERN,
-        description=f"SGLang release the config is written for; llmopt has a flag table of {flags.SGLANG_VERSION} (the "
-        "default) only.")
+        description=f"SGLang release the config is written for; default: the SGLang installed here (engine_python), "
+        f"else {flags.SGLANG_VERSION}, the one release llmopt has a flag table of.")
+    engine_python: str | None = Field(
+        None, description="Python with SGLang installed, whose version and own ServerArgs parser check the launch "
+        "arguments (default: $LLMOPT_SGLANG_PYTHON; none: llmopt's flag table of engine_version).")
+
+
+def engine_choice(options: SglangOptions) -> tuple[versions.Choice, tuple[str, str, str] | None]:
+    """The SGLang release the config is written for and, when a named Python has no SGLang, (what, where, fix)."""
+    installed, bad = versions.installed("sglang", "SGLang", options.engine_python, validate_engine.SGLANG_ENV_VAR)
+    stated = versions.normalized(options.engine_version) if options.engine_version else None
+    return versions.choose("SGLang", stated, installed, flags.SGLANG_TABLES, flags.SGLANG_VERSION), bad
+
+
+def version_problems(choice: versions.Choice, bad: tuple[str, str, str] | None, ctx: PlanContext) -> list[Problem]:
+    problems = []
+    if bad:
+        problems.append(Problem(bad[0], ctx.where("engine_python") if bad[1] == "serve.engine_python" else bad[1],
+                                bad[2]))
+    if choice.error:
+        problems.append(Problem(choice.error[0], ctx.where("engine_version"), choice.error[1]))
+    if choice.warning:
+        problems.append(Problem(choice.warning, ctx.where("engine_version"), "set engine_version to the installed "
+                                "release, or name a Python with the release written for (engine_python)",
+                                severity="warning"))
+    return problems
 
 
 def modelopt_algo(quant: dict | None) -> str | None:
@@ -233,12 +260,12 @@ class SglangServe(ServeBackend):
         return ACCEPTS
 
     def check(self, options: SglangOptions, ctx: PlanContext) -> list[Problem]:
-        choice = versions.table_choice("SGLang", options.engine_version, flags.SGLANG_TABLES, flags.SGLANG_VERSION)
-        version_problems = [Problem(choice.error[0], ctx.where("engine_version"), choice.error[1])] \
-            if choice.error else []
+        choice, bad = engine_choice(options)
+        found_version = version_problems(choice, bad, ctx)
         extra = canonical(options.extra_args)
-        errors, _ = validate_engine.check_flags(extra, flags.SGLANG_TYPES, flags.SGLANG_FLAGS)
-        problems = [Problem(f"SGLang {flags.SGLANG_VERSION}: {e}", ctx.where("extra_args"),
+        # without a table of the version (only the installed SGLang knows it), its parser checks at the deploy stage
+        errors = validate_engine.check_flags(extra, flags.SGLANG_TYPES, choice.table)[0] if choice.table else []
+        problems = [Problem(f"SGLang {choice.version}: {e}", ctx.where("extra_args"),
                             "use a long option name of `python -m sglang.launch_server --help`, without --")
                     for e in errors]
         quant = inputs.plan_quantization(ctx)
@@ -254,14 +281,16 @@ class SglangServe(ServeBackend):
                                  inputs.model_dtype(recipe, ctx.model, ctx.gpu))
             found += inputs.gpu_problems("sglang", gpu_sizes(merged.config), recipe.target,
                                          ctx.where("extra_args"))
-        problems = version_problems + problems + speculative.problems(
+        problems = found_version + problems + speculative.problems(
             speculative.of(ctx.recipe.recipe.serve), "sglang", choice.version, ctx)
         return problems + found + extras.problems(merged, overrides(options), extra, ctx.where("extra_args"),
                                                   "extra_args", PARALLEL)
 
     def render(self, options: SglangOptions, ctx: StageContext) -> dict:
         recipe, model_dir, folder = ctx.recipe.recipe, ctx.model_dir, ctx.out_dir
-        choice = versions.table_choice("SGLang", options.engine_version, flags.SGLANG_TABLES, flags.SGLANG_VERSION)
+        choice, bad = engine_choice(options)
+        if bad:
+            raise UsageError(bad[0], where=bad[1], fix=bad[2])
         if choice.error:
             raise UsageError(choice.error[0], where="serve.engine_version", fix=choice.error[1])
         if ctx.gpu is None:
@@ -278,13 +307,13 @@ class SglangServe(ServeBackend):
         merged = server_args(options, planned, recipe, info, quant, dtype)
         extras.refuse(merged, "extra_args")
         args = merged.config
-        validation = validate_engine.validate_table("sglang", args, flags.SGLANG_TYPES, flags.SGLANG_FLAGS,
-                                                    flags.SGLANG_VERSION)
+        validation = validated(choice, args, canonical(options.extra_args), model_dir, options.port)
         validation["errors"] += validate_engine.shape_errors(info, args.get("tp-size", 1), planned.max_model_len,
                                                              planned.max_num_seqs, planned.max_num_batched_tokens, True)
         if validation["errors"]:
-            raise StageFailed("the SGLang arguments fail its flag table: " + "; ".join(validation["errors"]),
-                              where="serve", fix="adjust the [serve] options named in the message")
+            raise StageFailed(f"the SGLang arguments fail {validation['validated_by']}: "
+                              + "; ".join(validation["errors"]),
+                              where="serve", fix="adjust the [serve] options (or extra_args) named in the message")
         gpus = inputs.reserved(gpu_sizes(args))
         launch = files.Launch(
             "sglang", recipe.name, f"{options.image}:{versions.image_tag(options.tag, choice.version, 'v')}",
@@ -304,11 +333,30 @@ class SglangServe(ServeBackend):
             written = nodes.write_all(folder, launch, node_commands(launch, planned.nodes))
         else:
             written = files.write_all(folder, launch)
-        return {"engine": "sglang", "engine_version": choice.version, "command": launch.command("."),
+        return {"engine": "sglang", "engine_version": choice.version, "engine_version_from": choice.source,
+                "command": launch.command("."),
                 "image": launch.image, "port": options.port, "files": [f"deploy/sglang/{f}" for f in written],
                 "served_model_name": recipe.name, "gpus": gpus, "nodes": planned.nodes, "args": args,
                 "quantization": args.get("quantization") or (quant or {}).get("quant_method"),
                 "memory": planned.to_dict(), "validated_by": validation["validated_by"], "warnings": planned.warnings}
+
+
+def validated(choice: versions.Choice, args: dict, extra: dict, model_dir, port: int) -> dict:
+    """The launch arguments checked by the installed SGLang's own parser where the config is written for it,
+    else by llmopt's flag table of the version. An option the parser lacks is a plan error naming it."""
+    if choice.installed is None:
+        return validate_engine.validate_table("sglang", args, flags.SGLANG_TYPES, choice.table, choice.version)
+    line = ["--model-path", str(model_dir), *argv(args), "--host", "0.0.0.0", "--port", str(port)]
+    validation = validate_engine.validate_sglang(line, args, choice.installed.python)
+    if unknown := validation.get("unknown"):
+        from_user = [flag for flag in unknown if flag in extra]
+        raise UsageError(f"SGLang {choice.version} has no option " + ", ".join(f"--{f}" for f in unknown)
+                         + f" (checked by {validation['validated_by']}, {choice.installed.python})",
+                         where="serve.extra_args" if from_user else "serve.engine_version",
+                         fix="; ".join(f"--{f}: " + ("remove it from extra_args" if f in from_user else
+                                                     "leave out the option that writes it") for f in unknown)
+                         + " (a long option of `python -m sglang.launch_server --help`, without the leading --)")
+    return validation
 
 
 DIST_PORT = 20000  # the leader's port of torch.distributed's rendezvous (SGLang's docs and the LWS example)
