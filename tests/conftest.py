@@ -1,6 +1,6 @@
 """Shared fixtures: a tiny random Llama with its own tokenizer, an isolated cache, recipes, one stage cache of
 the demo model's shared stages that every demo-model module starts from, one real run of the quickstart recipe
-for the slow tests that need its artifact, and vLLM's own environment, built in the background."""
+for the slow tests that need its artifact, vLLM's own environment, built in the background, and SGLang's."""
 
 from __future__ import annotations
 
@@ -218,6 +218,39 @@ def vllm_python() -> str:
     if proc.returncode != 0 or not vllm_works(VLLM_ENV_PYTHON):
         pytest.skip(f"the vLLM environment could not be built: {VLLM_BUILD_LOG.read_text()[-500:]}")
     return str(VLLM_ENV_PYTHON)
+
+
+SGLANG_ENV_PYTHON = ROOT / ".test-envs" / "sglang" / "bin" / "python"
+SGLANG_BUILD_LOG = ROOT / ".test-envs" / "sglang-build.log"
+
+
+def sglang_works(python: Path) -> bool:
+    if not python.is_file():
+        return False
+    done = subprocess.run([str(python), "-c", "import sglang.srt.server_args"], capture_output=True, timeout=600)
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    """The Python of SGLang 0.5.23's environment: $LLMOPT_SGLANG_PYTHON, else .test-envs/sglang, which ``make
+    sglang-env`` builds when the first test asks for it (two and a half minutes of pip on two cores, at the lowest
+    priority; nothing when it is built). The tests that need it are skipped only when it cannot be built."""
+    explicit = os.environ.get("LLMOPT_SGLANG_PYTHON")
+    if explicit and sglang_works(Path(explicit)):
+        return explicit
+    SGLANG_BUILD_LOG.parent.mkdir(exist_ok=True)
+    with SGLANG_BUILD_LOG.open("w") as log:
+        proc = in_background(["make", "sglang-env"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.skip("building the SGLang environment (make sglang-env) took more than 900 s")
+    if proc.returncode != 0 or not sglang_works(SGLANG_ENV_PYTHON):
+        pytest.skip(f"the SGLang environment could not be built: {SGLANG_BUILD_LOG.read_text()[-500:]}")
+    return str(SGLANG_ENV_PYTHON)
 
 
 @pytest.fixture(scope="session")

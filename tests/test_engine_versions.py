@@ -52,8 +52,10 @@ def fake_vllm_python(folder: Path, version: str, unknown: tuple[str, ...] = (), 
 
 @pytest.fixture(autouse=True)
 def no_installed_vllm(monkeypatch):
-    """No vLLM here unless a test names one: $LLMOPT_VLLM_PYTHON unset, and no `vllm` on PATH."""
+    """No vLLM or SGLang here unless a test names one: $LLMOPT_VLLM_PYTHON and $LLMOPT_SGLANG_PYTHON unset, and no
+    `vllm` on PATH."""
     monkeypatch.delenv(validate_engine.ENV_VAR, raising=False)
+    monkeypatch.delenv(validate_engine.SGLANG_ENV_VAR, raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     versions.read_version.cache_clear()
 
@@ -217,3 +219,30 @@ def test_the_deploy_stage_key_follows_the_installed_release(tmp_path, monkeypatc
     assert len({none, installed, older}) == 3
     monkeypatch.delenv(validate_engine.ENV_VAR)
     assert deploy_key(tmp_path / "none") == none
+
+
+# SGLang: the installed release's own ServerArgs parser where a Python with it is named, else the flag table
+# (the real parser's check is in tests/test_serve_sglang_engine.py; the stand-in answers its script the same way)
+
+def test_sglang_without_an_installed_sglang_is_checked_by_its_flag_table(tmp_path):
+    deploy, _ = render(tmp_path, "sglang")
+    assert deploy["validated_by"] == "flag table sglang 0.5.23"
+    assert (deploy["engine_version"], deploy["engine_version_from"]) == ("0.5.23", "llmopt's flag table")
+
+
+def test_an_installed_sglang_without_a_table_is_written_for_and_its_parser_decides(tmp_path, monkeypatch):
+    python = fake_vllm_python(tmp_path / "sglang", "0.5.24", unknown=("schedule-policy",))
+    monkeypatch.setenv(validate_engine.SGLANG_ENV_VAR, str(python))
+    with pytest.raises(UsageError) as info:
+        render(tmp_path, "sglang", 'extra_args = { schedule-policy = "lpm" }')
+    assert info.value.exit_code == 2 and info.value.where == "serve.extra_args"
+    assert "SGLang 0.5.24 has no option --schedule-policy (checked by sglang 0.5.24 ServerArgs" in str(info.value)
+    deploy, _ = render(tmp_path / "ok", "sglang", f'engine_python = "{fake_vllm_python(tmp_path / "ok", "0.5.24")}"')
+    assert deploy["validated_by"] == "sglang 0.5.24 ServerArgs" and deploy["engine_version"] == "0.5.24"
+    assert deploy["engine_version_from"] == "installed here (serve.engine_python)"
+
+
+def test_a_python_without_sglang_is_a_plan_error(tmp_path):
+    errors = plan_errors(tmp_path, "sglang", f'engine_python = "{sys.executable}"')
+    assert any(f"the Python {sys.executable!r} has no SGLang installed" in e and "make sglang-env" in e
+               for e in errors)

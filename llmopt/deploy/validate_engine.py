@@ -89,6 +89,8 @@ import contextlib, io, json, sys
 given = json.loads(sys.argv[1])
 argv, written = given["argv"], given["written"]
 out = {"ok": False, "errors": [], "version": None, "stage": "import", "unknown": []}
+class Refused(Exception):
+    pass
 try:
     import argparse
     import sglang
@@ -101,13 +103,13 @@ try:
     out["stage"] = "config"
     out["unknown"] = sorted({a[2:] for a in argv if a.startswith("--") and a not in options})
     if out["unknown"]:
-        raise ValueError("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
+        raise Refused("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             args = prepare_server_args(argv)
     except SystemExit:
-        raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
+        raise Refused(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
     for key, value in written.items():
         got = getattr(args, options["--" + key].dest, None)
         if isinstance(value, bool):
@@ -128,6 +130,8 @@ try:
         "max_running_requests", "chunked_prefill_size", "tp_size", "pp_size", "dp_size", "ep_size",
         "speculative_algorithm", "speculative_num_steps", "speculative_num_draft_tokens", "port")}
     out["ok"] = not out["errors"]
+except Refused as exc:
+    out["errors"].append(str(exc))
 except Exception as exc:
     out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
 print("LLMOPT_RESULT " + json.dumps(out, default=str))
