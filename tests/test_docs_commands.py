@@ -88,6 +88,11 @@ NOT_RUN = {
     "make vllm-env": "installs vLLM 0.33.0 into .test-envs/vllm from PyPI; tests/test_serve_vllm_engine.py runs it",
     "LLMOPT_VLLM_PYTHON=.test-envs/vllm/bin/python llmopt run recipes/smollm2-vllm-h100.toml": VLLM_ENV,
     "llmopt run recipes/smollm2-vllm-h100.toml -s serve.engine_python='\".test-envs/vllm/bin/python\"'": VLLM_ENV,
+    "make sglang-env": "installs SGLang 0.5.23 (and triton) into .test-envs/sglang from PyPI; "
+                       "tests/test_serve_sglang_engine.py runs it",
+    "LLMOPT_SGLANG_PYTHON=.test-envs/sglang/bin/python llmopt run my-sglang.toml":
+        "a recipe of your own, in the environment `make sglang-env` builds; tests/test_serve_sglang_engine.py has "
+        "SGLang's own parser check the tiny model's launch arguments through llmopt run",
 }
 EXPECTED_TO_FAIL: dict[str, str] = {}  # command -> why it fails today (xfail, not strict)
 MEASURES = {"bench", "sweep", "tune"}  # verbs whose repeats on later pages are not run again
