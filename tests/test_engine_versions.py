@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from llmopt import api
+from llmopt.backends.serve import sglang
 from llmopt.deploy import validate_engine
 from llmopt.deploy import versions
 from llmopt.errors import RecipeError, StageFailed, UsageError
@@ -240,6 +241,10 @@ def test_an_installed_sglang_without_a_table_is_written_for_and_its_parser_decid
     deploy, _ = render(tmp_path / "ok", "sglang", f'engine_python = "{fake_vllm_python(tmp_path / "ok", "0.5.24")}"')
     assert deploy["validated_by"] == "sglang 0.5.24 ServerArgs" and deploy["engine_version"] == "0.5.24"
     assert deploy["engine_version_from"] == "installed here (serve.engine_python)"
+    backend = sglang.SglangServe()  # the release and the parser join the deploy stage's cache key
+    assert backend.key_material(sglang.SglangOptions()) == {"engine_version": "0.5.24", "parser": True}
+    monkeypatch.delenv(validate_engine.SGLANG_ENV_VAR)
+    assert backend.key_material(sglang.SglangOptions()) == {"engine_version": "0.5.23", "parser": False}
 
 
 def test_a_python_without_sglang_is_a_plan_error(tmp_path):

@@ -259,6 +259,12 @@ class SglangServe(ServeBackend):
         """What SGLang serves of each checkpoint format, on which GPUs (``ACCEPTS``)."""
         return ACCEPTS
 
+    def key_material(self, options: SglangOptions) -> dict:
+        """The release the config is written for, and whether its own parser checks it: a deploy stage cached
+        before SGLang was installed here, or changed, is not reused."""
+        choice, _ = engine_choice(options)
+        return {"engine_version": choice.version, "parser": choice.installed is not None}
+
     def check(self, options: SglangOptions, ctx: PlanContext) -> list[Problem]:
         choice, bad = engine_choice(options)
         found_version = version_problems(choice, bad, ctx)
