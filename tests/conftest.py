@@ -155,15 +155,19 @@ def pytest_collection_finish(session) -> None:
     minutes of pip, mostly waiting on downloads and the disk, start in the background at the lowest priority when
     the demo model's conversion starts (``demo_seed``), and overlap the conversion and the compression tests; not
     here at collection, since pip beside the client-timing tests that run first (tests/test_bench_fidelity.py)
-    moved their figures past their bounds. Nothing starts when LLMOPT_VLLM_PYTHON names an environment."""
-    if os.environ.get("LLMOPT_VLLM_PYTHON"):
-        return
-    _vllm_build["needed"] = any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items)
+    moved their figures past their bounds. Nothing starts when LLMOPT_VLLM_PYTHON names an environment. SGLang's
+    (``make sglang-env``, two minutes more) is noted the same way and built after vLLM's, never beside it."""
+    uses = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    _vllm_build["needed"] = "vllm_python" in uses and not os.environ.get("LLMOPT_VLLM_PYTHON")
+    _sglang_build["needed"] = "sglang_python" in uses and not os.environ.get("LLMOPT_SGLANG_PYTHON")
 
 
 def build_vllm_env_in_background() -> None:
+    """vLLM's environment, then SGLang's, in the background, where a collected test needs them."""
     if _vllm_build.pop("needed", False):
         _vllm_build["proc"] = start_vllm_build()
+    if _sglang_build.pop("needed", False):
+        _sglang_build["proc"] = start_sglang_build(_vllm_build.get("proc"))
 
 
 def start_vllm_build() -> subprocess.Popen:
@@ -185,7 +189,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 def pytest_sessionfinish(session) -> None:
-    for proc in (_vllm_build.pop("proc", None), _quickstart.pop("proc", None)):
+    for proc in (_vllm_build.pop("proc", None), _sglang_build.pop("proc", None), _quickstart.pop("proc", None)):
         if proc is not None and proc.poll() is None:  # the session ended before a test waited for it
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -222,6 +226,16 @@ def vllm_python() -> str:
 
 SGLANG_ENV_PYTHON = ROOT / ".test-envs" / "sglang" / "bin" / "python"
 SGLANG_BUILD_LOG = ROOT / ".test-envs" / "sglang-build.log"
+_sglang_build: dict = {}  # needed: a collected test uses it; proc: the build
+
+
+def start_sglang_build(after: subprocess.Popen | None = None) -> subprocess.Popen:
+    """``make sglang-env`` in the background; with ``after``, once that process (vLLM's build) has ended."""
+    SGLANG_BUILD_LOG.parent.mkdir(exist_ok=True)
+    wait = f"while kill -0 {after.pid} 2>/dev/null; do sleep 2; done; " if after is not None else ""
+    with SGLANG_BUILD_LOG.open("w") as log:
+        return in_background(["sh", "-c", wait + "exec make sglang-env"], cwd=ROOT, stdout=log,
+                             stderr=subprocess.STDOUT)
 
 
 def sglang_works(python: Path) -> bool:
@@ -234,20 +248,23 @@ def sglang_works(python: Path) -> bool:
 @pytest.fixture(scope="session")
 def sglang_python() -> str:
     """The Python of SGLang 0.5.23's environment: $LLMOPT_SGLANG_PYTHON, else .test-envs/sglang, which ``make
-    sglang-env`` builds when the first test asks for it (two and a half minutes of pip on two cores, at the lowest
-    priority; nothing when it is built). The tests that need it are skipped only when it cannot be built."""
+    sglang-env`` builds (two minutes of pip; in the background after vLLM's from the demo model's conversion on,
+    see ``pytest_collection_finish``, else when the first test asks for it; nothing when it is built). The tests
+    that need it are skipped only when it cannot be built."""
     explicit = os.environ.get("LLMOPT_SGLANG_PYTHON")
     if explicit and sglang_works(Path(explicit)):
         return explicit
-    SGLANG_BUILD_LOG.parent.mkdir(exist_ok=True)
-    with SGLANG_BUILD_LOG.open("w") as log:
-        proc = in_background(["make", "sglang-env"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        proc.wait(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        pytest.skip("building the SGLang environment (make sglang-env) took more than 900 s")
+    _sglang_build.pop("needed", None)
+    proc = _sglang_build.pop("proc", None) or start_sglang_build()
+    deadline = time.monotonic() + 900
+    while proc.poll() is None:
+        if (vllm := _vllm_build.get("proc")) is not None:
+            vllm.poll()  # reaps vLLM's build once it ends: until then it is a zombie, and the SGLang build waits for it
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.skip("building the SGLang environment (make sglang-env) took more than 900 s")
+        time.sleep(1)
     if proc.returncode != 0 or not sglang_works(SGLANG_ENV_PYTHON):
         pytest.skip(f"the SGLang environment could not be built: {SGLANG_BUILD_LOG.read_text()[-500:]}")
     return str(SGLANG_ENV_PYTHON)
