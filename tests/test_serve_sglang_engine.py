@@ -1,6 +1,6 @@
 """SGLang's own parser (``prepare_server_args`` of SGLang 0.5.23, on the CPU) accepts the launch arguments llmopt
-writes for the tiny model and for the demo model's config.json with every speculative method, and an option the
-installed SGLang lacks is a plan error naming it.
+writes for the tiny model, the demo model, and the demo model's config.json with every speculative method, and an
+option the installed SGLang lacks is a plan error naming it.
 
 Slow: the session fixture ``sglang_python`` (tests/conftest.py) builds .test-envs/sglang with `make sglang-env`
 when it is missing (the SGLang 0.5.23 wheel without its CUDA dependencies, next to the CPU torch, triton and the
@@ -19,7 +19,7 @@ from llmopt import api
 from llmopt.deploy import flags, validate_engine
 from llmopt.errors import StageFailed, UsageError
 
-from conftest import tiny_recipe, write_recipe
+from conftest import link_tree, tiny_recipe, write_recipe
 from test_deploy_configs import MOE, render
 from test_speculative import draft_folder, section
 
@@ -39,6 +39,21 @@ def test_tiny_model_config_passes_sglangs_parser(tiny_model, tmp_path, sglang_py
     args = deploy["args"]
     assert args["kv-cache-dtype"] == "fp8_e4m3" and args["chunked-prefill-size"] == -1
     assert args["disable-radix-cache"] is True
+
+
+def test_demo_model_config_passes_sglangs_parser(demo_seed, sglang_python, tmp_path):
+    """The demo model converted from its GGUF file (the session's demo_seed holds the conversion) with prompt-lookup
+    speculation, over four H100s: the launch arguments of its artifact pass SGLang's parser."""
+    link_tree(demo_seed, tmp_path / "cache")
+    recipe = write_recipe(tmp_path, 'schema_version = 1\nname = "demo-sglang"\n[model]\nsource = "builtin:smollm2-135m"\n'
+                                    '[target]\ngpu = "H100"\ncount = 4\n[serve]\nbackend = "sglang"\nmax_model_len = 8192\n'
+                                    f'engine_python = "{sglang_python}"\n'
+                                    '[serve.speculative]\nmethod = "ngram"\nnum_tokens = 4\n')
+    api.run(recipe, cache_dir=tmp_path / "cache", output_dir=tmp_path / "art")
+    deploy = json.loads((tmp_path / "art" / "manifest.json").read_text())["deploy"]
+    assert deploy["validated_by"] == VALIDATED
+    assert deploy["args"]["tp-size"] == 1 and deploy["args"]["speculative-algorithm"] == "NGRAM"  # 135M fit one GPU
+    assert deploy["memory"]["weight_source"] == "safetensors"
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "eagle3", "mtp"])
