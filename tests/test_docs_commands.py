@@ -22,8 +22,9 @@ placeholders such as ./my-model.
   started for the page on a free port that replaces 8000. curl's answer must be JSON with no
   "error" (curl -s exits 0 whatever the HTTP status).
 - A command that an earlier page shows with the same text, that measures or searches (`llmopt bench`,
-  `sweep`, `tune`: minutes each on two cores) and names no file but those every page starts with
-  (artifacts/quickstart, recipes/, a URL), is not run again: its outcome is the earlier page's.
+  `eval`, `sweep`, `tune`: minutes each on two cores; an eval through an endpoint scores every window
+  again) and names no file but those every page starts with (artifacts/quickstart, recipes/, a URL),
+  is not run again: its outcome is the earlier page's.
 - Anything else runs only when it is llmopt or curl; every command that is not run is in NOT_RUN
   with the reason. test_every_documented_command_is_classified (fast, no model) fails for a
   command in neither, and for an entry of NOT_RUN or EXPECTED_TO_FAIL that no page shows any more.
@@ -95,7 +96,7 @@ NOT_RUN = {
         "SGLang's own parser check the tiny model's launch arguments through llmopt run",
 }
 EXPECTED_TO_FAIL: dict[str, str] = {}  # command -> why it fails today (xfail, not strict)
-MEASURES = {"bench", "sweep", "tune"}  # verbs whose repeats on later pages are not run again
+MEASURES = {"bench", "eval", "sweep", "tune"}  # verbs whose repeats on later pages are not run again
 COMMON = ("artifacts/quickstart", "recipes/", "http://", "https://")  # what every page starts with
 
 
@@ -252,6 +253,9 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
     assert same("llmopt bench artifacts/quickstart --sweep -n 8 --slo ttft_p99_ms=2000")
     assert same("llmopt sweep recipes/sweep-onnx-cpu.toml --axis compress[0].group_size=32,64")
     assert same("llmopt bench http://127.0.0.1:8000/v1 -n 8") and same("llmopt tune artifacts/quickstart -n 2")
+    assert same("llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1")
+    assert not same("llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 -o reports/")
+    assert not same("llmopt eval quickstart.toml --candidate http://127.0.0.1:8000/v1")  # a page's own copy
     assert not same("llmopt cp quickstart") and not same("llmopt run recipes/quickstart.toml")  # they write files
     assert not same("llmopt sweep my.toml") and not same("llmopt bench artifacts/quickstart -o out/")
     repeated = [c for c in RUN if c.same_on_every_page]  # the examples pages share (found by text: the reference
@@ -259,6 +263,8 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
     assert any(c.doc == "docs/bench.md" and c.text.startswith("llmopt bench http://127.0.0.1:8000 ") for c in repeated)
     assert any(c.id.startswith("docs/cli.md:") and c.text.startswith("llmopt sweep recipes/") and "--axis" in c.text
                for c in repeated)
+    served = [c.id for c in repeated if c.text == "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1"]
+    assert served[0].startswith("docs/ci.md:") and len(served) == 3  # scored once, by the first page that shows it
 
 
 # ---------------------------------------------------------------- running them
