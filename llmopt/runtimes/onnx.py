@@ -97,13 +97,16 @@ class OnnxRuntime:
         self.adds_bos = self.bos_id is not None and self._added[:1] == [self.bos_id]
         self.context_length = int(self.config.get("context_length") or 0) or None
 
-    def _load(self, filename: str | None = None):
-        """An og.Model over the folder; ``filename``: another decoder graph than genai_config.json's."""
+    def _load(self, filename: str | None = None, overlay: dict | None = None):
+        """An og.Model over the folder; ``filename``: another decoder graph than genai_config.json's;
+        ``overlay``: more genai_config.json settings (llmopt/runtimes/onnx_batch.py's engine options)."""
         config = self.og.Config(str(self.model_dir))
         if self.device == "cpu":  # the folder may be tuned for a GPU EP; run it on the CPU EP here
             config.clear_providers()
         if filename:
             config.overlay(json.dumps({"model": {"decoder": {"filename": filename}}}))
+        if overlay:
+            config.overlay(json.dumps(overlay))
         return self.og.Model(config)
 
     @property
@@ -112,6 +115,21 @@ class OnnxRuntime:
         if self._scoring is None:
             self._scoring = self._load()
         return self._scoring
+
+    @property
+    def batch_kind(self) -> str | None:
+        """``dynamic`` or ``static``: how og.Engine batches this model (llmopt/runtimes/onnx_batch.py); None
+        where the installed onnxruntime-genai has no Engine."""
+        from llmopt.runtimes.onnx_batch import batch_kind
+
+        return batch_kind(self)
+
+    def batch_engine(self, max_num_seqs: int):
+        """An og.Engine over this runtime's model, its batch capped at ``max_num_seqs`` (the model is reloaded
+        with that setting and shared with the runtime's own generation); None without og.Engine."""
+        from llmopt.runtimes.onnx_batch import open_batch
+
+        return open_batch(self, max_num_seqs)
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
         ids = [int(i) for i in self.tokenizer.encode(text)]
