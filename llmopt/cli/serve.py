@@ -27,6 +27,10 @@ def serve(
     parallel: Annotated[int, typer.Option(min=1, help="Requests generated at the same time, each by a worker process with "
                                           "its own copy of the model (the onnxruntime runtime only). On a CPU, parallel x "
                                           "the model's intra_op_num_threads at most its cores.")] = 1,
+    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="Batch: up to this many requests generated "
+                                                        "together by onnxruntime-genai's engine over one copy of the "
+                                                        "model (vLLM's option of the same name; the onnxruntime runtime "
+                                                        "with og.Engine, else one at a time). Not with --parallel.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + completion in tokens (default: the model's context).")] = None,
     model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
     device: Annotated[str, typer.Option(help="auto: an ONNX model on the EP its graph was built for (cpu or cuda), "
@@ -42,7 +46,8 @@ def serve(
 
     Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
-    One request generates at a time (``--parallel N``: N at once) while others wait in a bounded queue.
+    One request generates at a time (``--parallel N``: N at once, ``--max-num-seqs N``: N batched by
+    onnxruntime-genai's engine) while others wait in a bounded queue.
     With a key (``export LLMOPT_API_KEY=$(openssl rand -hex 32)``, or --api-key), every route but /health
     and /metrics wants it as OpenAI's ``Authorization: Bearer``; see docs/serve.md.
 
@@ -52,7 +57,7 @@ def serve(
 
         llmopt serve artifacts/quickstart/model --port 8080 --max-queue 4 --max-model-len 2048
 
-        llmopt serve artifacts/quickstart --parallel 2 --port 8081
+        llmopt serve artifacts/quickstart --max-num-seqs 4 --port 8081
 
         llmopt serve artifacts/quickstart --host 0.0.0.0 --model-name smollm2
     """
@@ -65,6 +70,9 @@ def serve(
     api_key = _checked_key(api_key)
     if runtime != "auto" and runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r}", fix=f"use auto or one of: {', '.join(RUNTIMES)}")
+    if max_num_seqs is not None and parallel > 1:
+        raise UsageError(f"--max-num-seqs {max_num_seqs} batches requests in one copy of the model; --parallel "
+                         f"{parallel} starts a copy per request", fix="pass one of --max-num-seqs and --parallel")
     locate(path)  # a bad path fails before the port is taken
     if max_queue is None:
         max_queue = default_queue(path)
@@ -74,13 +82,21 @@ def serve(
     if parallel > 1 and not getattr(served.runtime, "processes", False):
         raise UsageError(f"--parallel {parallel}: the {served.runtime.name} runtime generates one request at a time",
                          fix="leave out --parallel, or serve an ONNX model (the onnxruntime runtime)")
+    scheduler = "processes" if parallel > 1 else "single"
+    if max_num_seqs is not None:
+        kind = getattr(served.runtime, "batch_kind", None)
+        if kind:
+            scheduler = f"engine-{kind}"
+        else:
+            out.warn(f"--max-num-seqs: the {served.runtime.name} runtime has no batching engine here (the onnxruntime "
+                     "runtime with onnxruntime-genai 0.18 or later has one); one request generates at a time")
     bound_host, bound_port = sock.getsockname()[:2]
     info = {"url": f"http://{_url_host(bound_host)}:{bound_port}/v1", "model": served.name,
             "model_dir": str(served.model_dir), "format": served.format, "runtime": served.runtime.name,
             "max_model_len": served.max_model_len, "max_queue": max_queue, "parallel": parallel,
-            "authentication": "bearer" if api_key else "none"}
+            "max_num_seqs": max_num_seqs, "scheduler": scheduler, "authentication": "bearer" if api_key else "none"}
     out.result(info, lambda c: c.print(f"serving [bold]{served.name}[/] ({served.format}, {served.runtime.name}, "
-                                       f"context {served.max_model_len}) at {info['url']}"))
+                                       f"context {served.max_model_len}, scheduler {scheduler}) at {info['url']}"))
     out.flush()  # the document now: the command serves until it is stopped
     if host not in LOOPBACK and not api_key:
         out.warn(f"listening on {host} without an API key: anyone who can reach this machine can use the server; "
@@ -88,7 +104,7 @@ def serve(
     if api_key and os.environ.get(apikey.ENV) != api_key:
         out.warn("the key given with --api-key is visible to every user of this machine (ps); prefer LLMOPT_API_KEY")
     server.serve(served, sock, max_queue, log_level="info" if out.chatty else "warning", parallel=parallel,
-                 api_key=api_key)
+                 api_key=api_key, max_num_seqs=max_num_seqs if scheduler.startswith("engine") else None)
 
 
 def _checked_key(key: str | None) -> str | None:

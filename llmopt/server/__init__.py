@@ -19,13 +19,14 @@ from llmopt.server.model import ServedModel, load_model
 __all__ = ["ServedModel", "bind", "create_app", "load_model", "serve"]
 
 
-def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1, api_key: str | None = None):
+def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1, api_key: str | None = None,
+               max_num_seqs: int | None = None):
     from llmopt.libraries import require
 
     require("fastapi", "serve", "llmopt serve")
     from llmopt.server.app import create_app as build
 
-    return build(served, max_queue, parallel, api_key)
+    return build(served, max_queue, parallel, api_key, max_num_seqs)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -42,13 +43,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(served: ServedModel, sock: socket.socket, max_queue: int = SWEEP_QUEUE, log_level: str = "info",
-          parallel: int = 1, api_key: str | None = None) -> None:
+          parallel: int = 1, api_key: str | None = None, max_num_seqs: int | None = None) -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM); in-flight requests get up to 30 s to finish. With
     ``api_key``, requests must carry it as ``Authorization: Bearer <key>`` (llmopt/server/auth.py)."""
     from llmopt.libraries import require
 
     uvicorn = require("uvicorn", "serve", "llmopt serve")
-    config = uvicorn.Config(create_app(served, max_queue, parallel, api_key), log_level=log_level, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(create_app(served, max_queue, parallel, api_key, max_num_seqs), log_level=log_level, timeout_graceful_shutdown=30)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -30,7 +31,10 @@ from llmopt.model.chat import NoChatTemplate, render_chat
 from llmopt.server.auth import ApiKeyMiddleware
 from llmopt.server.metrics import CONTENT_TYPE, Metrics
 from llmopt.server.model import ServedModel
+from llmopt.server.batching import BatchScheduler
 from llmopt.server.scheduler import Job, QueueFull, Scheduler, needs_stream
+
+log = logging.getLogger("llmopt.server")
 
 ENDPOINT_OF_PATH = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DISCONNECT_POLL_S = 0.25
@@ -48,18 +52,17 @@ class ApiError(Exception):
 
 
 def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int = 1,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, max_num_seqs: int | None = None) -> FastAPI:
     """The app serving ``served``; its ``parallel`` worker threads run while the app's lifespan does, each
     generating in a process of its own when ``parallel`` > 1 and the runtime is not ``concurrent``. With
+    ``max_num_seqs``, one thread steps onnxruntime-genai's engine over up to that many requests instead
+    (llmopt/server/batching.py), where the runtime has one; else the worker threads serve. With
     ``api_key``, a request without ``Authorization: Bearer <api_key>`` is answered 401 (but /health and
     /metrics)."""
     metrics = Metrics()
-    generators = None
-    if parallel > 1 and not getattr(served.runtime, "concurrent", False):
-        if not getattr(served.runtime, "processes", False):
-            raise ValueError(f"the {served.runtime.name} runtime generates one request at a time: parallel must be 1")
-        generators = workers.start(served.runtime.name, served.model_dir, parallel, served.device)
-    scheduler = Scheduler(served.runtime, metrics, max_queue, parallel, generators)
+    scheduler = make_scheduler(served, metrics, max_queue, parallel, max_num_seqs)
+    metrics.scheduler = {"scheduler": scheduler.scheduler, "max_num_seqs": str(scheduler.parallel)}
+    log.info("scheduler: %s, %d request(s) generated at once", scheduler.scheduler, scheduler.parallel)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -108,7 +111,8 @@ def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int 
     async def health():
         ok = scheduler.alive
         return JSONResponse({"status": "ok" if ok else "worker stopped", "model": served.name,
-                             "queue_depth": metrics.waiting, "running": metrics.running},
+                             "queue_depth": metrics.waiting, "running": metrics.running,
+                             "scheduler": scheduler.scheduler},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")
@@ -116,6 +120,27 @@ def create_app(served: ServedModel, max_queue: int = SWEEP_QUEUE, parallel: int 
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def make_scheduler(served: ServedModel, metrics: Metrics, max_queue: int, parallel: int,
+                   max_num_seqs: int | None) -> Scheduler:
+    """The engine scheduler with ``max_num_seqs`` where the runtime has an engine (else, logged, the worker
+    threads); ``parallel`` > 1: worker processes, unless the runtime is ``concurrent``."""
+    if max_num_seqs is not None:
+        if parallel > 1:
+            raise ValueError("max_num_seqs batches in one model copy: parallel must be 1")
+        opener = getattr(served.runtime, "batch_engine", None)
+        batch = opener(max_num_seqs) if opener else None
+        if batch is not None:
+            return BatchScheduler(served.runtime, batch, metrics, max_queue, max_num_seqs)
+        log.warning("the %s runtime has no batching engine here (onnxruntime-genai with og.Engine, 0.18 or "
+                    "later): one request generates at a time", served.runtime.name)
+    generators = None
+    if parallel > 1 and not getattr(served.runtime, "concurrent", False):
+        if not getattr(served.runtime, "processes", False):
+            raise ValueError(f"the {served.runtime.name} runtime generates one request at a time: parallel must be 1")
+        generators = workers.start(served.runtime.name, served.model_dir, parallel, served.device)
+    return Scheduler(served.runtime, metrics, max_queue, parallel, generators)
 
 
 def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
@@ -211,6 +236,7 @@ def make_job(endpoint: str, body: schemas.Sampling, prompt_ids: list[int], max_t
         max_tokens = limit - n_prompt
     check_length(n_prompt, max_tokens, limit)
     job = job_of(body, prompt_ids, max_tokens, endpoint)
+    job.scored = wants_scores(body)
     if choice and job.seed is not None:
         job.seed += choice
     return job

@@ -52,6 +52,7 @@ class Metrics:
         self.generation_tokens = 0
         self.waiting = 0
         self.running = 0
+        self.scheduler: dict[str, str] = {}  # labels of llmopt_scheduler_info: which scheduler generates
         self.queue_wait = Histogram("llmopt_queue_wait_seconds", "Time from arrival to the start of generation.")
         self.ttft = Histogram("llmopt_time_to_first_token_seconds", "Time from arrival to the first generated token.")
         self.tpot = Histogram("llmopt_time_per_output_token_seconds",
@@ -92,6 +93,11 @@ class Metrics:
                            self.generation_tokens)
             out += _single("llmopt_queue_depth", "gauge", "Requests waiting for the generation worker.", self.waiting)
             out += _single("llmopt_requests_running", "gauge", "Requests being generated.", self.running)
+            if self.scheduler:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(self.scheduler.items()))
+                out += ["# HELP llmopt_scheduler_info The scheduler generating: single, processes (--parallel), "
+                        "engine-static or engine-dynamic (--max-num-seqs).", "# TYPE llmopt_scheduler_info gauge",
+                        f"llmopt_scheduler_info{{{labels}}} 1"]
             for histogram in (self.queue_wait, self.ttft, self.tpot, self.latency):
                 out += histogram.lines()
         return "\n".join(out) + "\n"

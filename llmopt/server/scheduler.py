@@ -57,6 +57,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     completion_tokens: int = 0
+    scored: bool = False  # its answer scores the generated tokens (logprobs): the stop id must be the one met
 
 
 class Scheduler:
@@ -72,6 +73,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.parallel = parallel
         self.generators = list(generators) if generators is not None else [runtime] * parallel
+        self.scheduler = "processes" if generators is not None else "threads" if parallel > 1 else "single"
         self._cond = threading.Condition()
         self._calls: collections.deque[tuple] = collections.deque()
         self._waiting: collections.deque[Job] = collections.deque()

@@ -1,0 +1,146 @@
+"""llmopt serve --max-num-seqs: onnxruntime-genai's engine generating several requests in one model copy
+(llmopt/server/batching.py, llmopt/runtimes/onnx_batch.py), over an ONNX build of the tiny model: concurrent
+greedy requests of different lengths answer as each does alone, streaming and stop strings as on the
+one-at-a-time path, a client that goes away frees its place, a full queue answers 429, and a seeded request
+(which the static CPU engine does not take) is generated beside the batch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmopt.server import bind, create_app
+from llmopt.server.model import load_model
+
+og = pytest.importorskip("onnxruntime_genai")
+pytestmark = pytest.mark.skipif(not hasattr(og, "Engine"), reason="onnxruntime-genai without og.Engine")
+
+
+@pytest.fixture(scope="module")
+def onnx_model(tiny_model, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("batching")
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny_model), "-o",
+                    str(folder / "tiny-onnx"), "-p", "fp32", "-e", "cpu", "-c", str(folder / "build-cache")],
+                   check=True, capture_output=True)
+    return folder / "tiny-onnx"
+
+
+@contextmanager
+def running(model: Path, max_queue: int = 8, max_num_seqs: int | None = 4, step_s: float = 0.0):
+    """A uvicorn server over ``model`` in a thread; yields (base URL, app). ``step_s``: each engine step
+    takes that much longer, so that a request is still generating when the test looks."""
+    import uvicorn
+
+    served = load_model(model, max_model_len=128, name="tiny")
+    app = create_app(served, max_queue, 1, None, max_num_seqs)
+    if step_s:
+        batch = app.state.scheduler.batch
+        step = batch.step
+        batch.step = lambda: (time.sleep(step_s), step())[1]
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def post(base: str, body: dict, path: str = "/v1/completions") -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=60)
+
+
+BODIES = [{"prompt": f"Request {i} about the river", "max_tokens": n, "temperature": 0}
+          for i, n in enumerate((3, 17, 9, 30, 1, 12))]
+
+
+@pytest.fixture(scope="module")
+def alone(onnx_model) -> list[dict]:
+    """Each body's answer from the one-at-a-time scheduler."""
+    with running(onnx_model, max_num_seqs=None) as (base, app):
+        assert app.state.scheduler.scheduler == "single"
+        return [post(base, body).json() for body in BODIES]
+
+
+def test_concurrent_greedy_requests_answer_as_each_does_alone(onnx_model, alone):
+    with running(onnx_model, max_num_seqs=4) as (base, app):
+        assert app.state.scheduler.scheduler == "engine-static"
+        batch, seen = app.state.scheduler.batch, []
+        step = batch.step
+        batch.step = lambda: (seen.append(len(batch._turns)), step())[1]  # requests in the engine at each step
+        with ThreadPoolExecutor(len(BODIES)) as pool:
+            together = list(pool.map(lambda body: post(base, body).json(), BODIES))
+        assert 2 <= max(seen) <= 4  # batched, never more than --max-num-seqs
+        for got, want in zip(together, alone):
+            assert got["choices"] == want["choices"] and got["usage"] == want["usage"]
+        assert [g["usage"]["completion_tokens"] for g in together] == [3, 17, 9, 30, 1, 12]
+        streamed = httpx.post(base + "/v1/completions", json={**BODIES[3], "stream": True}, timeout=60).text
+        chunks = [line for line in streamed.splitlines() if line.startswith("data: {")]
+        text = "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks)
+        assert text == alone[3]["choices"][0]["text"] and streamed.rstrip().endswith("data: [DONE]")
+        stop = alone[3]["choices"][0]["text"][4:7]
+        stopped = post(base, {**BODIES[3], "stop": [stop]}).json()["choices"][0]
+        assert stopped["finish_reason"] == "stop" and stopped["text"] == alone[3]["choices"][0]["text"].split(stop)[0]
+        metrics = httpx.get(base + "/metrics").text
+        assert 'llmopt_scheduler_info{max_num_seqs="4",scheduler="engine-static"} 1' in metrics
+        assert httpx.get(base + "/health").json()["scheduler"] == "engine-static"
+
+
+def test_seeded_sampling_runs_beside_the_static_batch_and_repeats(onnx_model):
+    sampled = {"prompt": "The river runs", "max_tokens": 10, "temperature": 0.9, "seed": 4}
+    with running(onnx_model, max_num_seqs=2) as (base, _):
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda body: post(base, body).json(), [sampled, BODIES[3], sampled]))
+    assert answers[0]["choices"] == answers[2]["choices"] and answers[0]["usage"]["completion_tokens"] == 10
+    assert answers[1]["usage"]["completion_tokens"] == 30
+
+
+def test_a_client_that_goes_away_frees_its_place_and_a_full_queue_answers_429(onnx_model, alone):
+    long = {"prompt": "The river runs", "max_tokens": 100, "temperature": 0, "ignore_eos": True, "stream": True}
+    with running(onnx_model, max_queue=1, max_num_seqs=1, step_s=0.05) as (base, app):
+        with httpx.Client(timeout=60) as client, client.stream("POST", base + "/v1/completions", json=long) as first:
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))  # generating
+            loop_tasks = []
+            waiting = threading.Thread(target=lambda: loop_tasks.append(post(base, BODIES[0])))
+            waiting.start()
+            deadline = time.monotonic() + 10
+            while app.state.metrics.waiting < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            full = post(base, BODIES[1])
+            assert full.status_code == 429 and full.headers["retry-after"] == "1"
+            assert "--max-queue 1" in full.json()["error"]["message"]
+        # the stream is closed: its request is cancelled and the waiting one runs
+        waiting.join(30)
+        assert loop_tasks[0].json()["choices"] == alone[0]["choices"]
+        metrics = httpx.get(base + "/metrics").text
+        assert 'llmopt_requests_total{endpoint="completions",status="cancelled"} 1' in metrics
+        assert 'llmopt_requests_total{endpoint="completions",status="queue_full"} 1' in metrics
+        assert app.state.metrics.running == 0 and app.state.metrics.waiting == 0
+
+
+def test_max_num_seqs_is_not_for_parallel_and_falls_back_where_there_is_no_engine(tiny_model, capsys, caplog):
+    from llmopt.cli.main import main
+
+    assert main(["serve", str(tiny_model), "--port", "0", "--parallel", "2", "--max-num-seqs", "4"]) == 2
+    assert "--max-num-seqs 4 batches requests in one copy of the model" in capsys.readouterr().err
+    served = load_model(tiny_model, max_model_len=128, name="tiny")  # the transformers runtime: no engine
+    with caplog.at_level("WARNING", logger="llmopt.server"):
+        app = create_app(served, 8, 1, None, 4)
+    assert app.state.scheduler.scheduler == "single" and "one request generates at a time" in caplog.text
+    assert 'llmopt_scheduler_info{max_num_seqs="1",scheduler="single"} 1' in app.state.metrics.render()
