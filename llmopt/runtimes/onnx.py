@@ -124,12 +124,13 @@ class OnnxRuntime:
 
         return batch_kind(self)
 
-    def batch_engine(self, max_num_seqs: int):
-        """An og.Engine over this runtime's model, its batch capped at ``max_num_seqs`` (the model is reloaded
-        with that setting and shared with the runtime's own generation); None without og.Engine."""
+    def batch_engine(self, max_num_seqs: int, max_length: int | None = None):
+        """An og.Engine over this runtime's model, its batch capped at ``max_num_seqs`` and a request at
+        ``max_length`` tokens (the model is reloaded with those settings and shared with the runtime's own
+        generation and scoring); None without og.Engine."""
         from llmopt.runtimes.onnx_batch import open_batch
 
-        return open_batch(self, max_num_seqs)
+        return open_batch(self, max_num_seqs, max_length)
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
         ids = [int(i) for i in self.tokenizer.encode(text)]

@@ -33,11 +33,17 @@ def has_engine(og) -> bool:
     return all(hasattr(og, name) for name in ("Engine", "TurnOptions", "EngineEventFlags", "FinishReason"))
 
 
-def engine_overlay(genai_config: dict, max_num_seqs: int) -> tuple[dict, bool]:
-    """(the genai_config overlay that caps the engine's batch at ``max_num_seqs``, whether it batches dynamically)."""
+def engine_overlay(genai_config: dict, max_num_seqs: int, max_length: int | None = None) -> tuple[dict, bool]:
+    """(the genai_config overlay that caps the engine's batch at ``max_num_seqs`` and a request's prompt and
+    completion at ``max_length`` tokens, whether it batches dynamically). A static engine holds a KV cache of
+    ``search.max_length`` tokens for each request in its batch (the quickstart's 8,192-token context: about
+    360 MB of float32 each), so the served context bounds it."""
     engine = genai_config.get("engine") or {}
     kind = "dynamic_batching" if "dynamic_batching" in engine else "static_batching"
-    return {"engine": {kind: {"max_batch_size": max_num_seqs}}}, kind == "dynamic_batching"
+    overlay: dict = {"engine": {kind: {"max_batch_size": max_num_seqs}}}
+    if max_length:
+        overlay["search"] = {"max_length": max_length}
+    return overlay, kind == "dynamic_batching"
 
 
 @dataclass(eq=False)
@@ -47,6 +53,7 @@ class Turn:
     request: Any
     turn_id: int
     finished: bool = field(default=False)
+    error: str = ""  # the engine's error code, when it failed the turn
 
 
 class EngineBatch:
@@ -118,6 +125,8 @@ class EngineBatch:
             finish = None
             if flags & self._finished:
                 finish = self._reasons.get(int(event.finish_reason), "failed")
+                if finish == "failed":
+                    turn.error = str(event.error_code).rpartition(".")[2]
                 self._close(turn)
             elif not flags & self._token:  # capacity or a failure, without the turn ending
                 continue
@@ -148,17 +157,17 @@ def batch_kind(runtime) -> str | None:
     return "dynamic" if engine_overlay(config, 1)[1] else "static"
 
 
-def open_batch(runtime, max_num_seqs: int) -> EngineBatch | None:
-    """An engine over ``runtime``'s generation model, reloaded with its batch capped at ``max_num_seqs``
-    (the runtime's generators and, without a last-position graph, its scoring use the same og.Model: one
-    copy of the weights); None where the installed onnxruntime-genai has no Engine."""
+def open_batch(runtime, max_num_seqs: int, max_length: int | None = None) -> EngineBatch | None:
+    """An engine over ``runtime``'s generation model, reloaded with its batch capped at ``max_num_seqs`` and a
+    request at ``max_length`` tokens
+    (the runtime's generation and scoring use the same og.Model, the folder's full graph, and a last-position
+    graph is not loaded: one copy of the weights); None where the installed onnxruntime-genai has no Engine."""
     og = runtime.og
     if not has_engine(og):
         return None
     config = json.loads((runtime.model_dir / "genai_config.json").read_text())
-    overlay, dynamic = engine_overlay(config, max_num_seqs)
-    model = runtime._load(runtime.graphs.get("last_logits"), overlay)
-    runtime.model, runtime.tokenizer = model, og.Tokenizer(model)  # the first model is freed
-    if not runtime.graphs:
-        runtime._scoring = model
+    overlay, dynamic = engine_overlay(config, max_num_seqs, max_length)
+    model = runtime._load(None, overlay)  # the full graph: the engine fails a last-position one (onnx_last)
+    runtime.model = runtime._scoring = model
+    runtime.tokenizer = og.Tokenizer(model)  # the model loaded first is freed
     return EngineBatch(og, model, dynamic)

@@ -130,7 +130,7 @@ def make_scheduler(served: ServedModel, metrics: Metrics, max_queue: int, parall
         if parallel > 1:
             raise ValueError("max_num_seqs batches in one model copy: parallel must be 1")
         opener = getattr(served.runtime, "batch_engine", None)
-        batch = opener(max_num_seqs) if opener else None
+        batch = opener(max_num_seqs, served.max_model_len) if opener else None
         if batch is not None:
             return BatchScheduler(served.runtime, batch, metrics, max_queue, max_num_seqs)
         log.warning("the %s runtime has no batching engine here (onnxruntime-genai with og.Engine, 0.18 or "

@@ -163,7 +163,7 @@ class BatchScheduler(Scheduler):
             running.job.tokens.append(self._eos if self._eos is not None else -1)
             self._end(running, "stop")
         elif finish == "failed":
-            self._fail(running, RuntimeError("the engine failed the request"))
+            self._fail(running, RuntimeError(f"onnxruntime-genai's engine failed the request ({running.turn.error})"))
         elif finish == "cancelled":
             self._end(running, None)
         elif finish is not None:
