@@ -67,6 +67,8 @@ def post(base: str, body: dict, path: str = "/v1/completions") -> httpx.Response
 
 BODIES = [{"prompt": f"Request {i} about the river", "max_tokens": n, "temperature": 0}
           for i, n in enumerate((3, 17, 9, 30, 1, 12))]
+SCORED = [{"prompt": "The river runs past the mill", "echo": True, "logprobs": 2, "max_tokens": 0},  # between steps
+          {"prompt": "The river runs", "logprobs": 2, "max_tokens": 5, "temperature": 0}]  # generated, then scored
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def alone(onnx_model) -> list[dict]:
     """Each body's answer from the one-at-a-time scheduler."""
     with running(onnx_model, max_num_seqs=None) as (base, app):
         assert app.state.scheduler.scheduler == "single"
-        return [post(base, body).json() for body in BODIES]
+        return [post(base, body).json() for body in BODIES + SCORED]
 
 
 def test_concurrent_greedy_requests_answer_as_each_does_alone(onnx_model, alone):
@@ -89,6 +91,11 @@ def test_concurrent_greedy_requests_answer_as_each_does_alone(onnx_model, alone)
         for got, want in zip(together, alone):
             assert got["choices"] == want["choices"] and got["usage"] == want["usage"]
         assert [g["usage"]["completion_tokens"] for g in together] == [3, 17, 9, 30, 1, 12]
+        for body, want in zip(SCORED, alone[len(BODIES):]):
+            got, want = post(base, body).json()["choices"][0], want["choices"][0]
+            assert got["text"] == want["text"] and got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+            scores = want["logprobs"]["token_logprobs"]
+            assert got["logprobs"]["token_logprobs"][1:] == pytest.approx(scores[1:], abs=1e-4)
         streamed = httpx.post(base + "/v1/completions", json={**BODIES[3], "stream": True}, timeout=60).text
         chunks = [line for line in streamed.splitlines() if line.startswith("data: {")]
         text = "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks)
