@@ -1,17 +1,18 @@
 """Batched generation through onnxruntime-genai's own ``og.Engine``, for ``llmopt serve --max-num-seqs``.
 
 One ``og.Model`` and one engine step all the requests given to it (``open`` creates the engine on
-the thread that will call it, as og.Engine wants): ``start`` begins a
-request's turn, ``step`` runs the engine once and returns what each request got, ``cancel``
-ends one. The engine decides what runs together:
+the thread that will call it, as og.Engine wants): ``start`` begins a request's turn, ``step`` runs
+the engine once and returns what each request got, ``cancel`` ends one. The model is the folder's
+full graph: the engine fails a last-position one (``graphs.json``, onnx_last). The engine decides
+what runs together:
 
 - a model exported with paged attention (``engine.dynamic_batching`` in genai_config.json;
   onnxruntime-genai's builder makes one only for CUDA with fp16/bf16 or WebGPU) batches
   dynamically: a request joins and leaves at any step (continuous batching);
 - any other model (the CPU exports among them) batches statically
   (``engine.static_batching``): the requests begun while the engine is idle form a batch,
-  and a request begun later waits inside the engine until that whole batch has finished.
-  The static engine takes no per-request seed.
+  and a request begun later waits inside the engine until that whole batch has finished (the
+  rows of requests that have ended are computed until then). It takes no per-request seed.
 
 The last token of a turn comes on the event that finishes it (flags TOKEN | TURN_FINISHED);
 a turn that ends at the end-of-sequence token reports no token for it (finish ``eos``).
