@@ -2,7 +2,9 @@
 (llmopt/server/batching.py, llmopt/runtimes/onnx_batch.py), over an ONNX build of the tiny model: concurrent
 greedy requests of different lengths answer as each does alone, streaming and stop strings as on the
 one-at-a-time path, a client that goes away frees its place, a full queue answers 429, and a seeded request
-(which the static CPU engine does not take) is generated beside the batch."""
+(which the static CPU engine does not take) is generated beside the batch. Over a counting fake engine: a
+waiting request joins a dynamic batch at the next step and a static one only once it is done, and what the
+engine cannot run goes to the runtime's own generator."""
 
 from __future__ import annotations
 
@@ -151,3 +153,101 @@ def test_max_num_seqs_is_not_for_parallel_and_falls_back_where_there_is_no_engin
         app = create_app(served, 8, 1, None, 4)
     assert app.state.scheduler.scheduler == "single" and "one request generates at a time" in caplog.text
     assert 'llmopt_scheduler_info{max_num_seqs="1",scheduler="single"} 1' in app.state.metrics.render()
+
+
+class FakeBatch:
+    """An engine that counts: each step gives every turn its next id (prompt's last + k), up to its max."""
+
+    def __init__(self, dynamic: bool):
+        self.dynamic, self.kind, self.max_batch_size = dynamic, "dynamic" if dynamic else "static", 2
+        self.turns, self.log = [], []  # log: the prompts in the engine at each step
+
+    def open(self):
+        pass
+
+    def supports(self, seed):
+        return seed is None or self.dynamic
+
+    def start(self, prompt_ids, max_new_tokens, **options):
+        from llmopt.runtimes.onnx_batch import Turn
+
+        turn = Turn(request=[prompt_ids[-1], max_new_tokens, 0], turn_id=1)
+        self.turns.append(turn)
+        return turn
+
+    def cancel(self, turn):
+        turn.request[2] = -1
+
+    def step(self):
+        time.sleep(0.002)
+        self.log.append(sorted(t.request[0] for t in self.turns))
+        out = []
+        for turn in list(self.turns):
+            last, most, done = turn.request
+            if done < 0:
+                out.append((turn, None, "cancelled"))
+            else:
+                turn.request[2] = done + 1
+                out.append((turn, last + done + 1, "length" if done + 1 == most else None))
+            if out[-1][2]:
+                turn.finished = True
+                self.turns.remove(turn)
+        return out
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_waiting_request_joins_a_dynamic_batch_at_the_next_step_and_a_static_one_when_it_ends(dynamic):
+    from llmopt.server.batching import BatchScheduler
+    from llmopt.server.metrics import Metrics
+    from llmopt.server.scheduler import Job
+
+    class Decoder:
+        name, eos_ids = "fake", {0}
+
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    batch = FakeBatch(dynamic)
+    scheduler = BatchScheduler(Decoder(), batch, Metrics(), max_queue=4, max_num_seqs=2)
+    scheduler.start()
+    try:
+        jobs = [Job("completions", [p], n) for p, n in ((1000, 40), (2000, 3), (3000, 3))]
+        for job in jobs:
+            scheduler.submit(job)
+        assert all(job.finished.wait(10) for job in jobs)
+    finally:
+        scheduler.close()
+    assert [job.tokens for job in jobs] == [list(range(1001, 1041)), [2001, 2002, 2003], [3001, 3002, 3003]]
+    joined = next(i for i, prompts in enumerate(batch.log) if 3000 in prompts)
+    assert batch.log[joined] == ([1000, 3000] if dynamic else [3000])  # static: only once 1000's batch is done
+
+
+def test_what_the_engine_cannot_run_is_generated_beside_it_by_the_runtime():
+    """A seed on a static engine; scores (logprobs, echo) when the model has several end-of-sequence ids."""
+    from llmopt.server.batching import BatchScheduler
+    from llmopt.server.metrics import Metrics
+    from llmopt.server.scheduler import Job
+
+    class Runtime:
+        name, eos_ids = "fake", {0, 1}
+
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+        def stream(self, prompt_ids, max_new_tokens, stop_ids=None, **options):
+            yield from range(prompt_ids[-1] + 1, prompt_ids[-1] + 1 + max_new_tokens)
+
+    batch = FakeBatch(dynamic=False)
+    scheduler = BatchScheduler(Runtime(), batch, Metrics(), max_queue=4, max_num_seqs=3)
+    scheduler.start()
+    try:
+        jobs = [Job("completions", [100], 5), Job("completions", [200], 5, temperature=0.5, seed=3),
+                Job("completions", [300], 5, scored=True)]
+        for job in jobs:
+            scheduler.submit(job)
+        assert all(job.finished.wait(10) for job in jobs)
+    finally:
+        scheduler.close()
+    assert [job.tokens for job in jobs] == [[101 + i for i in range(5)], [201 + i for i in range(5)],
+                                            [301 + i for i in range(5)]]
+    assert {p for prompts in batch.log for p in prompts} == {100}  # only the first ran in the engine
