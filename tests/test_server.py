@@ -56,10 +56,17 @@ def chat_model(tiny_model, tmp_path_factory) -> Path:
 @contextmanager
 def running(served: ServedModel, max_queue: int = 8, parallel: int = 1, api_key: str | None = None):
     """A uvicorn server in a thread on a free loopback port; yields its base URL."""
+    with serving(create_app(served, max_queue, parallel, api_key)) as url:
+        yield url
+
+
+@contextmanager
+def serving(app):
+    """``app`` served by uvicorn in a thread on a free loopback port; yields its base URL."""
     import uvicorn
 
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(served, max_queue, parallel, api_key), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -20,8 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmopt.server import bind, create_app
+from llmopt.server import create_app
 from llmopt.server.model import load_model
+
+from test_server import serving
 
 og = pytest.importorskip("onnxruntime_genai")
 pytestmark = pytest.mark.skipif(not hasattr(og, "Engine"), reason="onnxruntime-genai without og.Engine")
@@ -40,27 +42,14 @@ def onnx_model(tiny_model, tmp_path_factory) -> Path:
 def running(model: Path, max_queue: int = 8, max_num_seqs: int | None = 4, step_s: float = 0.0):
     """A uvicorn server over ``model`` in a thread; yields (base URL, app). ``step_s``: each engine step
     takes that much longer, so that a request is still generating when the test looks."""
-    import uvicorn
-
     served = load_model(model, max_model_len=128, name="tiny")
     app = create_app(served, max_queue, 1, None, max_num_seqs)
     if step_s:
         batch = app.state.scheduler.batch
         step = batch.step
         batch.step = lambda: (time.sleep(step_s), step())[1]
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serving(app) as url:
+        yield url, app
 
 
 def post(base: str, body: dict, path: str = "/v1/completions") -> httpx.Response:

@@ -21,6 +21,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmopt.errors import Problem
+
 PATTERN = r"^v?\d+\.\d+\.\d+((rc|a|b|\.post|\.dev)\d+)?$"  # an engine_version option: "0.26.0", "v0.26.0"
 VERSION = re.compile(r"^v?(\d+\.\d+\.\d+(?:(?:rc|a|b|\.post|\.dev)\d+)?)$")
 READ_VERSION = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
@@ -156,3 +158,20 @@ def table_choice(engine: str, stated: str | None, tables: dict[str, frozenset], 
 def image_tag(tag: str | None, version: str, prefix: str = "v") -> str:
     """The image tag: the one given, else the engine version's (``v0.26.0`` for vllm/vllm-openai)."""
     return tag or f"{prefix}{version}"
+
+
+def problems(choice: Choice, bad: tuple[str, str, str] | None, ctx) -> list[Problem]:
+    """The plan's findings about the release a config is written for (``ctx``: the backend's PlanContext); ``bad``:
+    an engine_python that could not be read, as (what, where, fix)."""
+    found = []
+    if bad:
+        what, found_by, fix = bad
+        found.append(Problem(what, ctx.where("engine_python") if found_by == "serve.engine_python" else found_by,
+                                fix))
+    if choice.error:
+        found.append(Problem(choice.error[0], ctx.where("engine_version"), choice.error[1]))
+    if choice.warning:
+        found.append(Problem(choice.warning, ctx.where("engine_version"), "set engine_version to the installed "
+                                "release, or name a Python with the release written for (engine_python)",
+                                severity="warning"))
+    return found

@@ -127,20 +127,6 @@ def engine_choice(options: SglangOptions) -> tuple[versions.Choice, tuple[str, s
     return versions.choose("SGLang", stated, installed, flags.SGLANG_TABLES, flags.SGLANG_VERSION), bad
 
 
-def version_problems(choice: versions.Choice, bad: tuple[str, str, str] | None, ctx: PlanContext) -> list[Problem]:
-    problems = []
-    if bad:
-        problems.append(Problem(bad[0], ctx.where("engine_python") if bad[1] == "serve.engine_python" else bad[1],
-                                bad[2]))
-    if choice.error:
-        problems.append(Problem(choice.error[0], ctx.where("engine_version"), choice.error[1]))
-    if choice.warning:
-        problems.append(Problem(choice.warning, ctx.where("engine_version"), "set engine_version to the installed "
-                                "release, or name a Python with the release written for (engine_python)",
-                                severity="warning"))
-    return problems
-
-
 def modelopt_algo(quant: dict | None) -> str | None:
     if not quant or str(quant.get("quant_method", "")).lower() != "modelopt":
         return None
@@ -267,7 +253,7 @@ class SglangServe(ServeBackend):
 
     def check(self, options: SglangOptions, ctx: PlanContext) -> list[Problem]:
         choice, bad = engine_choice(options)
-        found_version = version_problems(choice, bad, ctx)
+        found_version = versions.problems(choice, bad, ctx)
         extra = canonical(options.extra_args)
         # without a table of the version (only the installed SGLang knows it), its parser checks at the deploy stage
         errors = validate_engine.check_flags(extra, flags.SGLANG_TYPES, choice.table)[0] if choice.table else []

@@ -285,7 +285,7 @@ class VllmServe(ServeBackend):
     def check(self, options: VllmOptions, ctx: PlanContext) -> list[Problem]:
         extra = canonical(options.extra_args)
         choice, bad = engine_choice(options)
-        problems = version_problems(choice, bad, ctx)
+        problems = versions.problems(choice, bad, ctx)
         problems += speculative.problems(speculative.of(ctx.recipe.recipe.serve, options), "vllm", choice.version,
                                          ctx, options)
         if not options.enable_chunked_prefill and options.max_num_batched_tokens is not None \
@@ -385,22 +385,6 @@ def checked_config(choice: versions.Choice, config: dict, folder, model_dir, ext
         raise StageFailed(f"{validation['validated_by']} refused the vLLM config: " + "; ".join(validation["errors"]),
                           where=str(path), fix="adjust the [serve] options (or extra_args) named in the message")
     return validation, choice
-
-
-def version_problems(choice: versions.Choice, bad: tuple[str, str, str] | None, ctx: PlanContext) -> list[Problem]:
-    """The plan's findings about the release the config is written for."""
-    problems = []
-    if bad:
-        what, found_by, fix = bad
-        problems.append(Problem(what, ctx.where("engine_python") if found_by == "serve.engine_python" else found_by,
-                                fix))
-    if choice.error:
-        problems.append(Problem(choice.error[0], ctx.where("engine_version"), choice.error[1]))
-    if choice.warning:
-        problems.append(Problem(choice.warning, ctx.where("engine_version"), "set engine_version to the installed "
-                                "release, or name a Python with the release written for (engine_python)",
-                                severity="warning"))
-    return problems
 
 
 def refuse_version(choice: versions.Choice, bad: tuple[str, str, str] | None) -> None:
