@@ -336,3 +336,21 @@ def require_space(engine: str) -> tuple[Param, ...]:
         raise StageFailed(f"no tuning space for the {engine} engine", where="[tune]",
                           fix=f"tune one of: {', '.join(SPACES)}")
     return found
+
+
+def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict) -> Path:
+    """A folder laid out as an artifact for one trial: ``model/`` (a link), ``deploy/<engine>/`` with ``values``
+    written in, and ``manifest.json``."""
+    import shutil
+
+    from llmopt.store.cache import write_json
+
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / "model").symlink_to(Path(model_dir).resolve(), target_is_directory=True)
+    folder = root / "deploy" / engine
+    shutil.copytree(deploy_dir, folder, ignore=shutil.ignore_patterns("manifest.json"))
+    apply(folder, engine, values)
+    write_json(root / "manifest.json", manifest)
+    return root

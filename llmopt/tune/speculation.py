@@ -128,7 +128,7 @@ def answers(options, values: dict, model_dir: Path, deploy_dir: Path, manifest: 
     from llmopt.bench import engine, runner, split, workload as wl
     from llmopt.bench.options import BenchOptions
     from llmopt.server.model import locate, model_limits
-    from llmopt.tune.stage import trial_target
+    from llmopt.tune.spaces import trial_target
 
     target = trial_target(folder / "target", model_dir, deploy_dir, options.engine, manifest, values)
     bench = BenchOptions(engine=options.engine, startup_timeout_s=options.startup_timeout_s)

@@ -89,34 +89,18 @@ def plan_problems(loaded) -> list[Problem]:
     return found
 
 
-def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict) -> Path:
-    """A folder laid out as an artifact for one trial: ``model/`` (a link), ``deploy/<engine>/`` with ``values``
-    written in, and ``manifest.json``."""
-    from llmopt.store.cache import write_json
-    from llmopt.tune import spaces
-
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    (root / "model").symlink_to(Path(model_dir).resolve(), target_is_directory=True)
-    folder = root / "deploy" / engine
-    shutil.copytree(deploy_dir, folder, ignore=shutil.ignore_patterns("manifest.json"))
-    spaces.apply(folder, engine, values)
-    write_json(root / "manifest.json", manifest)
-    return root
-
-
 def measurer(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest: dict, cache_root: Path,
              scratch: Path, say):
     """measure(values, out_dir): one trial on the live engine, its server always stopped."""
     from llmopt.bench.options import BenchOptions
     from llmopt.bench.runner import run_bench
+    from llmopt.tune import spaces
 
     bench = BenchOptions(requests=options.requests, warmup=options.warmup, repeats=1, engine=options.engine,
                          plots=False, startup_timeout_s=options.startup_timeout_s)
 
     def measure(values: dict, out_dir: Path) -> dict:
-        target = trial_target(scratch / "target", model_dir, deploy_dir, options.engine, manifest, values)
+        target = spaces.trial_target(scratch / "target", model_dir, deploy_dir, options.engine, manifest, values)
         if out_dir.exists():
             shutil.rmtree(out_dir)  # a trial killed half-way: measured again
         try:
