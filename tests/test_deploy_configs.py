@@ -310,6 +310,22 @@ def test_ort_launch_script_holds_a_load_generators_sweep(tmp_path):
     assert launch_flag(folder, "--max-queue") == 4
 
 
+def test_ort_batching_is_off_unless_the_recipe_sets_it_and_never_beside_workers(tmp_path):
+    """llmopt serve --max-num-seqs: absent from launch.sh by default (on a CPU the engine batches statically,
+    which loses with mixed lengths), written when the recipe sets max_num_seqs; with parallel > 1 a plan error."""
+    _, folder = render_ort(tmp_path, onnx_model(tmp_path, []))
+    assert "--max-num-seqs" not in (folder / "launch.sh").read_text()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    deploy, folder = render_ort(mine, onnx_model(mine, []), "max_num_seqs = 4")
+    assert launch_flag(folder, "--max-num-seqs") == 4 and "--max-num-seqs 4" in deploy["command"]
+    body = RECIPE.format(source=tmp_path, target='gpu = "L4"', engine="ort", serve="max_num_seqs = 4\nparallel = 2",
+                         max_model_len=4096)
+    recipe = write_recipe(tmp_path, body.replace("[target]", '[export]\nformat = "onnx"\n[target]'))
+    problems = [(p.message, p.where) for p in api.plan(recipe).errors]
+    assert any("batches requests in one copy" in m and "max_num_seqs" in w for m, w in problems), problems
+
+
 # 7. trtllm-serve gets no served model name: clients must send model="/artifact/model"
 
 @pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])

@@ -202,6 +202,31 @@ def test_workers_and_threads_that_share_the_cores_move_together(tmp_path):
     assert follow("parallel", {"parallel": 4, "intra_op_num_threads": None}) == {"parallel": 4, "intra_op_num_threads": 1}
 
 
+def test_a_batch_and_worker_processes_exclude_each_other(tmp_path):
+    """llmopt serve runs requests at once either batched in one model copy (--max-num-seqs) or in worker processes
+    (--parallel), never both (exit 2): a trial that moves one sets the other back to its default, and the threads
+    move with the workers. Batch sizes stop at the first that holds the workload's concurrency."""
+    batch = next(p for p in spaces.space("ort") if p.name == "max-num-seqs")
+    assert spaces.candidates(batch, 0, 4) == [0, 2, 4] and spaces.candidates(batch, 0, 1) == [0]
+    assert spaces.candidates(batch, 4, 32) == [4, 0, 2, 8, 16]
+    grid = {"parallel": [1, 2], "intra_op_num_threads": [None, 1, 2], "max-num-seqs": [0, 2, 4]}
+    follow = spaces.follow("ort", grid, cpus=2)
+    workers = {"parallel": 2, "intra_op_num_threads": 1, "max-num-seqs": 0}
+    assert follow("max-num-seqs", workers | {"max-num-seqs": 4}) == {"parallel": 1, "intra_op_num_threads": 2,
+                                                                     "max-num-seqs": 4}
+    assert follow("parallel", {"parallel": 2, "intra_op_num_threads": None, "max-num-seqs": 4}) == workers
+    speed = {(1, 0): 30.0, (2, 0): 36.0, (1, 2): 40.0, (1, 4): 45.0}  # as measured at 4 in flight (equal lengths)
+
+    def measure(values, out_dir):
+        assert not (values["parallel"] > 1 and values["max-num-seqs"]), values  # llmopt serve would refuse it
+        return bench_point(speed[(values["parallel"], values["max-num-seqs"])])
+
+    ways = {"parallel": [1, 2], "max-num-seqs": [0, 2, 4]}
+    result = Search(ways, measure, TrialStore(tmp_path / "s"), Budget(12, None, 0), goodput=True,
+                    follow=spaces.follow("ort", ways, cpus=2)).execute()
+    assert result["winner"] == {"parallel": 1, "max-num-seqs": 4}
+
+
 
 # --- the stage against the simulated engine -------------------------------------------------------------------
 
@@ -343,14 +368,15 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
             '[export]\nformat = "onnx"\nprecision = "fp32"\n\n'
             '[serve]\nbackend = "ort"\nmax_model_len = 256\n'
             'workload = { input_len = 16, output_len = 4, concurrency = 2 }\nslo = { ttft_p99_ms = 60000 }\n\n'
-            '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 4\nrepeats = 0\n'
-            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [1] }\n')
+            '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 5\nrepeats = 0\n'
+            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [1], max-num-seqs = [2] }\n')
     art = tmp_path / "art"
     res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
     assert res.returncode == 0, res.stderr
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
-        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [SWEEP_QUEUE, 1]}  # launch.sh's first
+        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [SWEEP_QUEUE, 1],
+        "max-num-seqs": [0, 2]}  # launch.sh's first
     # measured, not simulated: the default meets the loose SLO; a queue of 1 at concurrency 2 may refuse a
     # request (429) when the next one arrives before the waiting one starts, which makes that trial "errors"
     assert tuning["trials"][0]["phase"] == "default" and tuning["trials"][0]["verdict"] == "meets SLO"
@@ -361,6 +387,10 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
     assert trial["figures"]["requests"]["ok"] == 4
     two = next(t for t in tuning["trials"] if t["values"]["parallel"] == 2)  # two requests generated at once
     assert two["figures"]["requests"]["ok"] == 4, two
+    batched = next(t for t in tuning["trials"] if t["values"]["max-num-seqs"] == 2)  # two batched in one copy
+    assert batched["values"]["parallel"] == 1 and batched["figures"]["requests"]["ok"] == 4, batched
+    winner = re.findall(r"--max-num-seqs (\d+)", launch_line := (art / "deploy" / "ort" / "launch.sh").read_text())
+    assert (winner[-1] if winner else "0") == str(tuning["winner"]["max-num-seqs"]), launch_line
     launch = (art / "deploy" / "ort" / "launch.sh").read_text()
     assert re.findall(r"--parallel (\d+)", launch.splitlines()[-1])[-1] == str(tuning["winner"]["parallel"])
     config = json.loads((art / "deploy" / "ort" / "genai_config.json").read_text())

@@ -27,10 +27,11 @@ def serve(
     parallel: Annotated[int, typer.Option(min=1, help="Requests generated at the same time, each by a worker process with "
                                           "its own copy of the model (the onnxruntime runtime only). On a CPU, parallel x "
                                           "the model's intra_op_num_threads at most its cores.")] = 1,
-    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="Batch: up to this many requests generated "
+    max_num_seqs: Annotated[Optional[int], typer.Option(min=0, help="Batch: up to this many requests generated "
                                                         "together by onnxruntime-genai's engine over one copy of the "
                                                         "model (vLLM's option of the same name; the onnxruntime runtime "
-                                                        "with og.Engine, else one at a time). Not with --parallel.")] = None,
+                                                        "with og.Engine, else one at a time). 0: no batching. Not with "
+                                                        "--parallel.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + completion in tokens (default: the model's context).")] = None,
     model_name: Annotated[Optional[str], typer.Option(help="The name clients pass as `model` (default: the artifact's recipe name, else the folder name).")] = None,
     device: Annotated[str, typer.Option(help="auto: an ONNX model on the EP its graph was built for (cpu or cuda), "
@@ -70,6 +71,7 @@ def serve(
     api_key = _checked_key(api_key)
     if runtime != "auto" and runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r}", fix=f"use auto or one of: {', '.join(RUNTIMES)}")
+    max_num_seqs = max_num_seqs or None  # 0: no batching, as a tuned launch.sh may say
     if max_num_seqs is not None and parallel > 1:
         raise UsageError(f"--max-num-seqs {max_num_seqs} batches requests in one copy of the model; --parallel "
                          f"{parallel} starts a copy per request", fix="pass one of --max-num-seqs and --parallel")

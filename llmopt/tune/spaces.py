@@ -24,6 +24,12 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   (``queue_for``: 512, room for a load generator's sweep, or the concurrency when more) when the prediction
   is shorter. Nothing shorter is tried: a waiting request costs no compute, so a shorter queue can only
   refuse requests, and a tuned launch.sh must still hold a sweep without 429s.
+* ``batch`` (``llmopt serve --max-num-seqs``, requests batched in one model copy by onnxruntime-genai's
+  engine): the prediction (0, off, unless the recipe sets it), 0, then 2, 4, 8, 16 up to the first that holds
+  the workload's concurrency; nothing at concurrency 1 (one request has nothing to batch with). On a CPU the
+  engine batches statically, which wins with requests of equal length and loses with mixed ones, so only a
+  measurement on the workload says (docs/benchmarks.md). A batch and worker processes exclude each other:
+  moving one sets the other back to its default (``follow``).
 * ``speculative`` (tokens drafted per step, where ``[serve.speculative]`` is configured; ``num_speculative_tokens``
   for every engine): the prediction (the recipe's ``num_tokens``), 0 (speculation off: the engine's whole
   speculative config removed), one fewer and one more. It comes first in the grid: its effect is the largest, and
@@ -65,9 +71,10 @@ class Param:
     where: str  # yaml | json | arg
     file: str  # the file of deploy/<engine>/ that holds it
     key: str  # a dotted path in the file, or the command-line flag (arg)
-    grows: str  # size | seqs | fraction | graph | threads | slots | queue | speculative
+    grows: str  # size | seqs | fraction | graph | threads | slots | queue | batch | speculative
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
     shares: str | None = None  # a parameter that splits the cores with this one: it moves to cores // this
+    excludes: str | None = None  # a parameter that must be at its default while this one is not at its own
 
 
 VLLM, TRTLLM = ENGINE_DEFAULTS["vllm"], ENGINE_DEFAULTS["trtllm"]  # the pinned engines' own defaults
@@ -88,10 +95,12 @@ SPACES: dict[str, tuple[Param, ...]] = {
     "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "seqs"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
                Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
-    "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1, shares="intra_op_num_threads"),
+    "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1, shares="intra_op_num_threads",
+                  excludes="max-num-seqs"),
             Param("intra_op_num_threads", "json", "genai_config.json",
                   "model.decoder.session_options.intra_op_num_threads", "threads"),
-            Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", SWEEP_QUEUE)),
+            Param("max-queue", "arg", "launch.sh", "--max-queue", "queue", SWEEP_QUEUE),
+            Param("max-num-seqs", "arg", "launch.sh", "--max-num-seqs", "batch", 0, excludes="parallel")),
 }
 
 
@@ -129,6 +138,10 @@ def candidates(param: Param, value: Any, concurrency: int, cpus: int | None = No
         return list(dict.fromkeys([value, *range(1, most + 1)]))
     if param.grows == "queue":
         return list(dict.fromkeys([value, max(int(value), queue_for(concurrency))]))
+    if param.grows == "batch":  # off, then 2, 4, ... up to the first that batches every request in flight
+        sizes = [2 ** n for n in range(1, 5)]
+        sizes = sizes[:next((i + 1 for i, size in enumerate(sizes) if size >= concurrency), len(sizes))]
+        return [value] if concurrency < 2 else list(dict.fromkeys([value, 0, *sizes]))
     if param.grows == "speculative":  # off, then the neighbours of the recipe's num_tokens (1 to 16)
         return [] if not value else list(dict.fromkeys([int(value), 0, *(n for n in (int(value) - 1, int(value) + 1)
                                                                           if 1 <= n <= 16)]))
@@ -152,17 +165,27 @@ def grid(engine: str, folder: Path, concurrency: int, overrides: dict[str, list]
 
 
 def follow(engine: str, grid: dict[str, list], cpus: int | None = None):
-    """``follow(name, values)``: ``values`` with what moves along when ``name`` moves (``Param.shares``): the
-    shared parameter at cores // the new value, when that is one of its candidates."""
+    """``follow(name, values)``: ``values`` with what moves along when ``name`` moves: the shared parameter
+    (``Param.shares``) at cores // the new value, when that is one of its candidates; the excluded one
+    (``Param.excludes``) back at its default when ``name`` leaves its own (a batch of N and N worker processes
+    are two ways to run N requests at once, and llmopt serve takes one of them)."""
     cores = cpus or os.cpu_count() or 1
+    params = {p.name: p for p in space(engine)}
     shared = {p.name: p.shares for p in space(engine) if p.shares and p.shares in grid}
 
-    def moved(name: str, values: dict) -> dict:
+    def shares(name: str, values: dict) -> dict:
         other = shared.get(name)
         if other is None or not isinstance(values.get(name), int):
             return values
         share = max(cores // max(values[name], 1), 1)
         return values | {other: share} if share in grid[other] else values
+
+    def moved(name: str, values: dict) -> dict:
+        param, values = params.get(name), shares(name, values)
+        other = param.excludes if param else None
+        if other in grid and values.get(name) != param.default and values.get(other) != params[other].default:
+            values = shares(other, values | {other: params[other].default})  # and what moves with it
+        return values
 
     return moved
 

@@ -72,6 +72,11 @@ class OrtOptions(files.DeploymentOptions):
     parallel: int = Field(1, ge=1, description="Requests generated at the same time, each by a worker process with its "
                           "own copy of the model (llmopt serve --parallel); on a CPU, parallel x intra_op_num_threads "
                           "should not exceed its cores. [tune] searches the two together.")
+    max_num_seqs: int = Field(0, ge=0, description="Requests batched in one copy of the model by onnxruntime-genai's "
+                              "engine (llmopt serve --max-num-seqs; docs/serve.md, \"Batching\"); 0: none. Not with "
+                              "parallel > 1. Off unless set: on a CPU the engine batches statically, which wins with "
+                              "requests of equal length and loses with mixed ones (docs/benchmarks.md); [tune] "
+                              "measures it against parallel on the workload.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the server.")
     image: str | None = Field(
         None, description="A container image with `llmopt[ort,serve]` installed; when set, docker-compose.yaml and "
@@ -147,6 +152,10 @@ class OrtServe(ServeBackend):
 
     def check(self, options: OrtOptions, ctx: PlanContext) -> list[Problem]:
         problems = speculative.problems(speculative.of(ctx.recipe.recipe.serve), "ort", None, ctx)
+        if options.max_num_seqs and options.parallel > 1:
+            problems.append(ctx.problem(f"max_num_seqs = {options.max_num_seqs} batches requests in one copy of the "
+                                        f"model, parallel = {options.parallel} starts a copy per request", "max_num_seqs",
+                                        hint="set one of them (parallel = 1, or max_num_seqs = 0)"))
         exported = ctx.recipe.recipe.export.format
         if exported != "onnx":
             problems.append(Problem(f"serve.backend = \"ort\" serves ONNX models, but the recipe exports {exported!r}",
@@ -198,6 +207,8 @@ class OrtServe(ServeBackend):
         serve_args = ["--host", "0.0.0.0", "--port", str(options.port), "--max-model-len", str(max_length),
                       "--model-name", recipe.name, "--max-queue", str(queue(options, recipe.serve.workload.concurrency)),
                       "--parallel", str(options.parallel)] + (["--device", "cuda"] if provider in GPU_PROVIDERS else [])
+        if options.max_num_seqs:
+            serve_args += ["--max-num-seqs", str(options.max_num_seqs)]
         weights = sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.name.endswith((".onnx", ".onnx.data")))
         gpus = 1 if provider in GPU_PROVIDERS else 0
         # the container runs launch.sh, listening on every interface of the container; llmopt serve reads the key
