@@ -82,7 +82,7 @@ def test_eval_keys_follow_the_kind():
 
 
 def test_serve_keys_follow_the_backend():
-    serve = HEAD + '\n[serve]\nbackend = "{}"\nmax_model_len = 2048\nmax_num_seqs = 32\n'
+    serve = HEAD + '\n[serve]\nbackend = "{}"\nmax_model_len = 2048\nenforce_eager = true\n'
     assert schema_accepts(serve.format("vllm"))
     assert not schema_accepts(serve.format("ort"))
 
