@@ -171,6 +171,7 @@ AGREE = {
     "eval confidence 1": HEAD + '\n[[eval]]\nname = "p"\nkind = "perplexity"\nconfidence = 1.0\n',
     "vllm max_num_seqs": HEAD + '\n[serve]\nbackend = "vllm"\nmax_num_seqs = 32\nworkload = { concurrency = 8 }\n',
     "ort max_num_seqs": HEAD + '\n[serve]\nbackend = "ort"\nmax_num_seqs = 32\n',
+    "ort enforce_eager": HEAD + '\n[serve]\nbackend = "ort"\nenforce_eager = true\n',
     "serve workload typo": HEAD + '\n[serve]\nbackend = "vllm"\nworkload = { concurency = 8 }\n',
     "serve without backend": HEAD + "\n[serve]\nmax_model_len = 2048\n",
     "recipe bad name": HEAD.replace('"case"', '"-case"'),
