@@ -31,9 +31,9 @@ from llmopt.backends.base import PlanContext, ServeBackend, StageContext
 from llmopt.deploy import extras, files, flags, inputs, nodes, speculative, versions
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed, UsageError
+from llmopt.recipe.schema import SPECULATIVE_METHODS
 from llmopt.registry import register
 
-SPECULATIVE = ("ngram", "eagle", "eagle3", "mtp", "draft_model")  # the deprecated speculative_method's values
 # the config keys of the parallel sizes the memory model plans, and the option that plans each
 PARALLEL = {"tensor-parallel-size": "tensor_parallel_size", "pipeline-parallel-size": "pipeline_parallel_size",
             "data-parallel-size": "data_parallel_size"}
@@ -104,7 +104,7 @@ class VllmOptions(files.DeploymentOptions):
     enable_chunked_prefill: bool = Field(True, description="Split long prompts into chunks that share steps with decodes.")
     enable_prefix_caching: bool = Field(True, description="Reuse the KV of shared prompt prefixes.")
     enforce_eager: bool = Field(False, description="Run without CUDA graphs (saves their memory, slower decode).")
-    speculative_method: Literal[SPECULATIVE] | None = Field(  # type: ignore[valid-type]
+    speculative_method: Literal[SPECULATIVE_METHODS] | None = Field(  # type: ignore[valid-type]
         None, description="Deprecated: [serve.speculative] method (read as it, with a warning).")
     speculative_model: str | None = Field(
         None, description="Deprecated: [serve.speculative] model.")
