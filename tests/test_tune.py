@@ -369,18 +369,19 @@ def test_ort_artifact_is_tuned_through_llmopt_serve(tmp_path, tiny_model, isolat
             '[serve]\nbackend = "ort"\nmax_model_len = 256\n'
             'workload = { input_len = 16, output_len = 4, concurrency = 2 }\nslo = { ttft_p99_ms = 60000 }\n\n'
             '[bench]\nrequests = 4\nwarmup = 1\n\n[tune]\nenabled = true\nmax_trials = 5\nrepeats = 0\n'
-            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [1], max-num-seqs = [2] }\n')
+            'space = { parallel = [1, 2], intra_op_num_threads = [1], max-queue = [4], max-num-seqs = [2] }\n')
     art = tmp_path / "art"
     res = run_cli("run", str(write_recipe(tmp_path, body)), "-o", str(art), "--format", "json")
     assert res.returncode == 0, res.stderr
     tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
     assert tuning["tuned"] and tuning["simulated"] is False and tuning["space"] == {
-        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [SWEEP_QUEUE, 1],
+        "parallel": [1, 2], "intra_op_num_threads": [None, 1], "max-queue": [SWEEP_QUEUE, 4],
         "max-num-seqs": [0, 2]}  # launch.sh's first
-    # measured, not simulated: the default meets the loose SLO; a queue of 1 at concurrency 2 may refuse a
-    # request (429) when the next one arrives before the waiting one starts, which makes that trial "errors"
-    assert tuning["trials"][0]["phase"] == "default" and tuning["trials"][0]["verdict"] == "meets SLO"
-    assert all(t["verdict"] in ("meets SLO", "errors") and t["figures"] for t in tuning["trials"]), tuning["trials"]
+    # measured, not simulated: every trial meets the loose SLO. The queue of 4 is above the workload's concurrency
+    # of 2, so no trial is refused a request (a queue of 1 may refuse one, 429, when a client's next request
+    # arrives before the engine thread has taken the waiting one: a race that made this test fail once)
+    assert tuning["trials"][0]["phase"] == "default"
+    assert all(t["verdict"] == "meets SLO" and t["figures"] for t in tuning["trials"]), tuning["trials"]
     assert tuning["winner"] == next(t["values"] for t in tuning["trials"] if t["verdict"] == "meets SLO"
                                     and t["values"] == tuning["winner"])
     trial = next(t for t in tuning["trials"] if t["values"]["intra_op_num_threads"] == 1)
