@@ -6,11 +6,21 @@ Needs: torch, transformers (the ``torch`` extra).
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Iterator
 
 from llmopt.libraries import require
 from llmopt.runtimes import hf_adds_bos
+
+
+def compressed_tensors(model_dir: Path) -> bool:
+    """Whether the checkpoint's config.json names compressed-tensors as its quantization."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
 
 
 class TransformersRuntime:
@@ -27,9 +37,14 @@ class TransformersRuntime:
         self.adds_bos = hf_adds_bos(self.tokenizer)
         # float32 on CPU (bf16 matmuls are slow there and less exact); bf16 on GPU
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        # A compressed-tensors checkpoint is decompressed as it loads, then cast: left compressed, it
+        # decompresses on its first forward pass into the checkpoint's own dtype (NVFP4's weights come
+        # out bfloat16 and meet float32 activations on the CPU)
+        quantized = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} \
+            if compressed_tensors(model_dir) else {}
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, trust_remote_code=trust_remote_code
-        ).to(device)
+            model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized
+        ).to(device=device, dtype=dtype)
         self.model.eval()
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
