@@ -38,7 +38,9 @@
 # The variant `tune` (not in the default list) is `llmopt tune` on the live vLLM at a load where the launch
 # parameters matter: `llmopt run recipes/fp8-vllm-h100.toml` with the workload set to GV_TUNE_CONCURRENCY
 # (256) users of GV_TUNE_INPUT (2048) prompt tokens and [serve].slo to GV_TUNE_SLO ("ttft_p99_ms=3000
-# tpot_p99_ms=25"), plus GV_TUNE_SET (more `-s` overrides, e.g. "tune.space.max-num-seqs=[1024]"), then
+# tpot_p99_ms=25"), plus GV_TUNE_SET (more `-s` overrides, e.g. "tune.space.max-num-seqs=[1024]", or
+# "serve.speculative.method=ngram serve.speculative.num_tokens=4 serve.workload.dataset=builtin:rewrite" for
+# the search of speculation on a text workload, with its lossless check), then
 # `llmopt tune ART --max-trials GV_TUNE_TRIALS (8) --max-minutes GV_TUNE_MINUTES (8) --repeats
 # GV_TUNE_REPEATS (1) -n GV_TUNE_REQUESTS (1024) --warmup 32`; the trial records (the search's store in
 # GV_WORK/cache/tune, without requests.jsonl) come back in tune.tgz. A trial took 110-190 s on an H200
@@ -137,7 +139,7 @@ spec_step() {  # the variant `spec` (header): speculative decoding on text workl
     if [ -z "$first" ]; then first=$m; ks="off $ngram"; else ks="off ${ngram%% *}"; fi
     for k in $ks; do
       local over=(-s eval=[])
-      [ "$k" != off ] && over+=(-s serve.speculative_method=ngram -s serve.num_speculative_tokens="$k")
+      [ "$k" != off ] && over+=(-s serve.speculative.method=ngram -s serve.speculative.num_tokens="$k")
       local name="$m-$( [ "$k" = off ] && echo off || echo "ngram$k")"
       say "spec: llmopt run ${base[*]} ${over[*]} -> $name"
       t=$(date +%s)
