@@ -62,7 +62,7 @@ def answers(url: str, model: str, records: list, n: int) -> list[dict]:
     """Greedy answers to the first ``n`` requests, one at a time, each to its natural end or max_tokens."""
     out = []
     for request in records[:n]:
-        body = {"model": model, "temperature": 0.0, "max_tokens": request.max_tokens}
+        body = {"model": model, "temperature": 0.0, "max_tokens": request.max_tokens, "stream": False}
         body.update({"messages": request.messages} if request.messages is not None else {"prompt": request.prompt})
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
         req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})

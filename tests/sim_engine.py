@@ -190,7 +190,7 @@ class SimServer(FakeServer):
     async def stream(self, i: int, path: str, req: dict, writer, arrived: float) -> None:
         n_out = int(req.get("max_tokens") or 16)
         words = answer(req, n_out, self.corrupt)
-        if req.get("stream") is False:  # one JSON answer, after the time the tokens take
+        if not req.get("stream"):  # one JSON answer (the OpenAI default), after the time the tokens take
             await asyncio.sleep((self.ttft + self.gap_ms() * (n_out - 1)) / 1e3)
             self.speculate(n_out)
             choice = ({"message": {"role": "assistant", "content": "".join(words)}} if "messages" in req
