@@ -37,14 +37,17 @@ class TransformersRuntime:
         self.adds_bos = hf_adds_bos(self.tokenizer)
         # float32 on CPU (bf16 matmuls are slow there and less exact); bf16 on GPU
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        # A compressed-tensors checkpoint is decompressed as it loads, then cast: left compressed, it
-        # decompresses on its first forward pass into the checkpoint's own dtype (NVFP4's weights come
-        # out bfloat16 and meet float32 activations on the CPU)
+        # On the CPU a compressed-tensors checkpoint is decompressed as it loads, then cast: left compressed,
+        # it decompresses on its first forward pass into the checkpoint's own dtype (NVFP4's weights come out
+        # bfloat16 and meet float32 activations). Not on a GPU: there the dtypes agree, and decompressing at
+        # load wraps the layers in compressed-tensors' offloading, which keeps them on the CPU through .to()
+        # (an H200 run failed so: "index is on cuda:0, different from other tensors on cpu")
+        on_cpu = not device.startswith("cuda")
         quantized = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} \
-            if compressed_tensors(model_dir) else {}
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized
-        ).to(device=device, dtype=dtype)
+            if on_cpu and compressed_tensors(model_dir) else {}
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized)
+        self.model = model.to(dtype=dtype) if quantized else model.to(device)
         self.model.eval()
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
