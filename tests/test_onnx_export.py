@@ -179,6 +179,27 @@ def test_plan_refuses_what_the_builder_cannot_take_on_cpu(tmp_path, tiny_model):
     assert 'set precision = "int4"' in text
 
 
+def test_online_rotations_are_refused_and_folded_ones_are_not():
+    """A compressed-tensors W4A16 checkpoint whose transforms act at inference (QuIP, SpinQuant R3/R4) cannot reach
+    ONNX: MatMulNBits would compute without them. Rotations folded into the weights (SpinQuant R1/R2) can."""
+    from llmopt.backends.export.onnx import input_refusal
+
+    qconfig = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+                                           "symmetric": False}}}}
+    assert input_refusal(qconfig, "cpu") is None
+
+    def transforms(*locations: str) -> dict:
+        return {"config_groups": {"R1": {"type": "random-hadamard", "apply": [
+            {"targets": ["re:.*down_proj$"], "location": where} for where in locations]}}}
+
+    folded = dict(qconfig, transform_config=transforms("weight_input", "weight_output"))
+    assert input_refusal(folded, "cpu") is None
+    online = dict(qconfig, transform_config=transforms("weight_input", "input"))
+    for ep in ("cpu", "cuda"):
+        assert "rotations applied at inference (compressed-tensors transforms R1" in input_refusal(online, ep)
+
+
 def test_tokenizer_decoder_fix_only_touches_the_gguf_conversion_decoder(tmp_path):
     from llmopt.backends.export.onnx import fix_tokenizer_decoder
 

@@ -151,6 +151,15 @@ def scheme_of(qconfig: dict) -> dict:
     }
 
 
+def online_transforms(qconfig: dict) -> list[str]:
+    """The transforms of a compressed-tensors config that act on activations at inference (QuIP's, SpinQuant's R3
+    and R4), by scheme name; those folded into the weights (location weight_input / weight_output, as SpinQuant's
+    R1 and R2) are not listed: the weights already hold them."""
+    schemes = (qconfig.get("transform_config") or {}).get("config_groups") or {}
+    return sorted(name for name, scheme in schemes.items()
+                  if any(not str(apply.get("location", "")).startswith("weight") for apply in scheme.get("apply") or []))
+
+
 def w4a16_problem(qconfig: dict) -> str | None:
     """Why a compressed-tensors config cannot be repacked into AutoGPTQ int4, or None when it can."""
     s = scheme_of(qconfig)

@@ -331,6 +331,9 @@ def input_refusal(qconfig: dict, ep: str) -> str | None:
         return None if qconfig.get("bits", 4) == 4 else f"{method} with {qconfig.get('bits')}-bit weights is not int4"
     if method != "compressed-tensors":
         return f"checkpoints quantized with {method!r} are not read by the onnx export"
+    if online := gptq_layout.online_transforms(qconfig):
+        return (f"it carries rotations applied at inference (compressed-tensors transforms {', '.join(online)}, as "
+                "QuIP and SpinQuant's R3 and R4 write them), which the ONNX Runtime GenAI builder does not apply")
     problem = gptq_layout.w4a16_problem(qconfig)
     if problem is None:
         group = gptq_layout.scheme_of(qconfig)["group_sizes"][0]
