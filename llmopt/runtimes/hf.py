@@ -6,21 +6,12 @@ Needs: torch, transformers (the ``torch`` extra).
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Iterator
 
+from llmopt.deploy.inputs import checkpoint_quantization
 from llmopt.libraries import require
 from llmopt.runtimes import hf_adds_bos
-
-
-def compressed_tensors(model_dir: Path) -> bool:
-    """Whether the checkpoint's config.json names compressed-tensors as its quantization."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (config.get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
 
 
 class TransformersRuntime:
@@ -44,7 +35,7 @@ class TransformersRuntime:
         # (an H200 run failed so: "index is on cuda:0, different from other tensors on cpu")
         on_cpu = not device.startswith("cuda")
         quantized = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} \
-            if on_cpu and compressed_tensors(model_dir) else {}
+            if on_cpu and (checkpoint_quantization(model_dir) or {}).get("quant_method") == "compressed-tensors" else {}
         model = transformers.AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized)
         self.model = model.to(dtype=dtype) if quantized else model.to(device)
