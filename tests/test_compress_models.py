@@ -195,8 +195,8 @@ def test_width_pruning_shrinks_the_mlps(lab):
 
 def test_prune_then_gptq_composes(lab):
     prune = '[[compress]]\nmethod = "prune_depth"\nlayers = 2\nprotect_first = 2\n'
-    pruned = lab.run("prune-depth-16", prune, samples=16)
-    both = lab.run("prune-gptq", prune + '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n', samples=16)
+    pruned = lab.run("prune-depth", prune)  # test_depth_pruning_drops_the_lowest_scored_layers's run
+    both = lab.run("prune-gptq", prune + '[[compress]]\nmethod = "gptq"\ngroup_size = 64\n')
     config = both.config()
     assert config["num_hidden_layers"] == 28 and weights_of(config)["num_bits"] == 4
     assert both.compress(0)["dropped_layers"] == pruned.compress()["dropped_layers"]  # the cached prune stage
