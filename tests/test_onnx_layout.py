@@ -109,3 +109,34 @@ def test_what_cannot_be_repacked_says_why():
     assert "8-bit float" in gl.w4a16_problem({**base, "format": "float-quantized", "config_groups": {"g": {"weights": fp8}}})
     w4a8 = {"weights": group["weights"], "input_activations": {"num_bits": 8, "type": "int"}}
     assert "activations" in gl.w4a16_problem({**base, "config_groups": {"g": w4a8}})
+
+
+def test_8_bit_layers_kept_by_sensitive_layers_repack_with_their_width():
+    """A W4A16 checkpoint whose sensitive layers are 8-bit symmetric (``sensitive_layers``): each linear repacks
+    at its own width, bit-exact, and the 8-bit ones are named in GPTQ's ``dynamic`` as the builder matches them."""
+    import re
+
+    g = torch.Generator().manual_seed(3)
+    signed = torch.randint(-128, 128, (OUT, IN), generator=g, dtype=torch.int8)
+    scales = (torch.rand(OUT, IN // GROUP, generator=g) * 0.01 + 1e-4).to(torch.bfloat16)
+    wide = {"weight_packed": pack_to_int32(signed, 8), "weight_scale": scales, "weight_shape": torch.tensor([OUT, IN])}
+    assert gl.packed_bits(wide["weight_packed"], wide["weight_shape"]) == 8
+    codes, zeros, _ = gl.from_compressed_tensors(**wide)
+    assert torch.equal(codes, signed.to(torch.int32) + 128) and bool((zeros == 128).all())
+    gptq = gl.to_gptq(codes, zeros, scales, GROUP, bits=8)
+    assert gptq["qweight"].shape == (IN // 4, OUT) and gptq["qzeros"].shape == (IN // GROUP, OUT // 4)
+    back = gl.from_gptq(**gptq, bits=8)
+    assert torch.equal(back[0], codes) and torch.equal(back[1], zeros)
+    narrow, _, _ = compressed_linear(True)
+    shard = {f"model.layers.1.mlp.down_proj.{k}": v for k, v in wide.items()}
+    shard |= {f"model.layers.10.mlp.down_proj.{k}": v for k, v in narrow.items()}
+    _, widths = gl.convert_shard(shard)
+    assert widths == {"model.layers.1.mlp.down_proj": 8, "model.layers.10.mlp.down_proj": 4}
+    qconfig = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": GROUP, "symmetric": False}},
+        "group_1": {"weights": {"num_bits": 8, "type": "int", "strategy": "group", "group_size": GROUP, "symmetric": True}}}}
+    assert gl.w4a16_problem(qconfig) is None
+    [(pattern, override)] = gl.gptq_config(qconfig, widths)["dynamic"].items()
+    assert override == {"bits": 8}
+    matches = [re.match(pattern.removeprefix("+:"), f"model.layers.{i}.mlp.down_proj.qweight") for i in (1, 10)]
+    assert matches[0] and not matches[1]

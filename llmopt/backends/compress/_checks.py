@@ -68,7 +68,11 @@ MODULE_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn"
 def ignored(layer: str, ignore: list[str]) -> bool:
     """Whether an ignore list (module names or ``re:`` patterns, as llm-compressor reads them) leaves a
     decoder layer kind (q_proj, down_proj...) unquantized; judged on layer 0's module name."""
-    name = f"model.layers.0.{MODULE_OF.get(layer, 'mlp')}.{layer}"
+    return module_ignored(f"model.layers.0.{MODULE_OF.get(layer, 'mlp')}.{layer}", ignore)
+
+
+def module_ignored(name: str, ignore: list[str]) -> bool:
+    """Whether an ignore list names the module ``name`` (exactly, by its last parts, or by a ``re:`` pattern)."""
     for entry in ignore:
         if entry.startswith("re:"):
             try:
@@ -76,7 +80,7 @@ def ignored(layer: str, ignore: list[str]) -> bool:
                     return True
             except re.error:
                 continue
-        elif entry in (name, layer) or name.endswith("." + entry):
+        elif entry in (name, name.rsplit(".", 1)[-1]) or name.endswith("." + entry):
             return True
     return False
 

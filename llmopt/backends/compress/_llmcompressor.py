@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -152,9 +153,22 @@ def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: 
     return time.monotonic() - started
 
 
-def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: str = "auto",
-             wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> dict:
-    """The whole llm-compressor stage; ``build_recipe`` returns the modifiers (built after the import)."""
+@dataclass(frozen=True)
+class Keep:
+    """``sensitive_layers``: how many units to keep at 8 bits, ranked under the step's own rounding."""
+    count: int
+    bits: int
+    group_size: int | None
+    symmetric: bool
+    ignore: tuple[str, ...]
+
+
+def quantize(ctx, build_recipe: Callable[..., list], calibrates: bool, pipeline: str = "auto",
+             wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+             keep: Keep | None = None) -> dict:
+    """The whole llm-compressor stage; ``build_recipe`` returns the modifiers (built after the import). With
+    ``keep``, the units 4-bit rounding hurts most are measured first (``_sensitivity``) and ``build_recipe`` is
+    called with the module names to keep at 8 bits."""
     if ctx.model_format != "hf":
         raise StageFailed(f"{ctx.name} needs a Hugging Face model folder, got format {ctx.model_format!r}",
                           where=ctx.name, fix="put the compression steps before the export step")
@@ -167,15 +181,54 @@ def quantize(ctx, build_recipe: Callable[[], list], calibrates: bool, pipeline: 
         out = ctx.out_dir / "model"
         ctx.progress("calibrating and compressing" if calibrates else "compressing")
         chosen = resolve_pipeline(pipeline, calibrates)
-        seconds = run_oneshot(ctx, model, tokenizer, build_recipe(), rows, chosen, out,
-                              ctx.recipe.recipe.calibration.seed, wrap)
+        measured = None
+        if keep is not None and keep.count:
+            recipe, measured = keep_sensitive(ctx, model, rows, keep, build_recipe)
+        else:
+            recipe = build_recipe()
+        seconds = run_oneshot(ctx, model, tokenizer, recipe, rows, chosen, out, ctx.recipe.recipe.calibration.seed,
+                              wrap)
     del model
     copy_tokenizer_files(ctx.model_dir, out)
     outputs = {"format": "hf", "model_dir": "model", "quantization": summary(out), "device": ctx.device,
                "pipeline": chosen or "datafree", "placement": placed, "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out)}
     if rows is not None:
         outputs["calibration"] = rows.summary()
+    if measured is not None:
+        outputs["sensitive_layers"] = measured
     return outputs
+
+
+def keep_sensitive(ctx, model, rows, keep: Keep, build_recipe: Callable[..., list]) -> tuple[list, dict]:
+    """The modifiers with the ``keep.count`` most sensitive units at 8 bits, and the measurement's record."""
+    from llmopt.backends.compress import _sensitivity
+    from llmopt.backends.compress._checks import module_ignored
+
+    if rows is None:
+        raise StageFailed(f"{ctx.name}: sensitive_layers needs calibration data", where=f"{ctx.name}.sensitive_layers")
+    ctx.progress("measuring each layer group's 4-bit rounding error on the calibration data")
+    device = next(model.parameters()).device
+    skip = {name for name, _ in model.named_modules() if module_ignored(name, list(keep.ignore))}
+    started = time.monotonic()
+    ranked = _sensitivity.rank(model, calibration.as_batches(rows, 1, str(device)), keep.bits, keep.group_size,
+                               keep.symmetric, skip)
+    kept = ranked[: keep.count]
+    record = _sensitivity.outputs(ranked, kept, keep.bits, keep.group_size, keep.symmetric)
+    record["seconds"] = round(time.monotonic() - started, 2)
+    ctx.log.info("sensitive layers kept at %d bits: %s (%.1f MiB more)", _sensitivity.KEPT_BITS,
+                 ", ".join(u.names[0] for u in kept), record["added_bytes"] / 2**20)
+    return build_recipe([name for unit in kept for name in unit.names]), record
+
+
+def kept_group(names: list[str], group_size: int | None) -> dict:
+    """The ``config_groups`` entry for the kept units: 8-bit symmetric integer weights in ``group_size``
+    (exact module names, which compressed-tensors matches before the 4-bit group's class target)."""
+    from compressed_tensors.quantization import QuantizationScheme
+
+    from llmopt.backends.compress._sensitivity import KEPT_BITS
+
+    weights = scheme_args(KEPT_BITS, "int", "group" if group_size else "channel", group_size, True)
+    return {"group_1": QuantizationScheme(targets=list(names), weights=weights)}
 
 
 def _brief(args: dict | None) -> dict | None:
@@ -239,9 +292,10 @@ def ignores_lm_head(ignore: list[str]) -> bool:
 
 
 def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str], ctx,
-           kv_cache: str = "none") -> estimates.Layout:
+           kv_cache: str = "none", kept_bytes: int = 0) -> estimates.Layout:
     """The compressed-tensors checkpoint ``oneshot`` saves: the linears ``ignore`` does not name as ``weights``,
-    every other tensor in the load dtype (a tied head once, unless it is quantized), FP8 K/V scales per layer."""
+    every other tensor in the load dtype (a tied head once, unless it is quantized), FP8 K/V scales per layer,
+    and what sensitive layers kept at 8 bits may add (``kept_bytes``, at most)."""
     dtype = load_dtype(before, ctx)
     plain = estimates.float_stored(dtype)
     linears = {kind: plain if ignored(kind, ignore) else weights for kind in estimates.LINEARS}
@@ -253,7 +307,9 @@ def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str
     files["recipe.yaml"] = RECIPE_YAML_BYTES
     layers = ctx.model.num_layers
     extra = {"kv cache scales": 2 * layers * plain.nbytes(1, 1)} if kv_cache != "none" else {}
-    return estimates.Layout("safetensors", dtype, linears, plain, head, extra, 2 * layers if extra else 0, files,
+    if kept_bytes:
+        extra["sensitive layers at 8 bits (at most)"] = kept_bytes
+    return estimates.Layout("safetensors", dtype, linears, plain, head, extra, 2 * layers if kv_cache != "none" else 0, files,
                             estimates.SAFETENSORS_TENSOR_BYTES, before.notes)
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 from llmopt.model import formats
 from llmopt.model import estimates
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
-from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.backends.compress import _checks, _llmcompressor as lc, _sensitivity
 from llmopt.errors import Problem
 from llmopt.registry import register
 
@@ -34,9 +34,14 @@ class AWQOptions(Options):
         True, description="Search scales from activations and weights (true), activations only (false), or both "
         "halves of the grid (\"both\").")
     n_grid: int = Field(20, ge=2, le=100, description="Grid points searched per scale; fewer is faster and a little worse.")
+    sensitive_layers: int = Field(0, ge=0, description=_sensitivity.HELP)
     ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
     kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
     pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
+
+
+def keep(options: AWQOptions) -> lc.Keep:
+    return lc.Keep(options.sensitive_layers, 4, options.group_size, options.symmetric, tuple(options.ignore))
 
 
 @register("compress", "awq")
@@ -53,22 +58,26 @@ class AWQ(CompressBackend):
     def layout(self, options: AWQOptions, before, ctx: PlanContext):
         """pack-quantized int4, a zero point per group unless symmetric."""
         weights = estimates.pack_quantized(4, options.group_size, options.symmetric, lc.load_dtype(before, ctx))
-        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache)
+        kept = _sensitivity.planned_bytes(ctx.model, options.sensitive_layers, 4, options.group_size, options.symmetric)
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept)
 
     def check(self, options: AWQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "awq", calibrates=True)
         return problems + _checks.group_size(ctx, options.group_size, options.ignore)
 
     def run(self, options: AWQOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
-                           wrap=lc.no_pinned_memory)
+        return lc.quantize(ctx, lambda kept=(): build(options, kept), calibrates=True, pipeline=options.pipeline,
+                           wrap=lc.no_pinned_memory, keep=keep(options))
 
 
-def build(options: AWQOptions) -> list:
+def build(options: AWQOptions, kept=()) -> list:
+    """The modifiers; ``kept``: module names of the sensitive units, at 8 bits."""
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier
 
     groups = lc.weight_scheme(4, options.group_size, options.symmetric)
+    if kept:
+        groups |= lc.kept_group(kept, options.group_size)
     return [AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid),
             QuantizationModifier(config_groups=groups, ignore=options.ignore,
                                  kv_cache_scheme=lc.kv_cache_scheme(options.kv_cache))]

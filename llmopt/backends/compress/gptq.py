@@ -20,7 +20,7 @@ from pydantic import Field
 from llmopt.model import formats
 from llmopt.model import estimates
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
-from llmopt.backends.compress import _checks, _llmcompressor as lc
+from llmopt.backends.compress import _checks, _llmcompressor as lc, _sensitivity
 from llmopt.errors import Problem
 from llmopt.registry import register
 
@@ -41,6 +41,7 @@ class GPTQOptions(Options):
     dampening_frac: float = Field(0.01, gt=0, lt=1, description="Fraction of the Hessian's mean diagonal added to it "
                                   "before inversion (numerical stability).")
     block_size: int = Field(128, ge=1, description="Columns updated together in one GPTQ block.")
+    sensitive_layers: int = Field(0, ge=0, description=_sensitivity.HELP + " W4A16 only.")
     ignore: list[str] = Field(["lm_head"], description=lc.IGNORE_HELP)
     kv_cache: Literal["none", "fp8"] = lc.kv_cache_field()
     pipeline: lc.Pipeline = Field("auto", description=lc.PIPELINE_HELP)
@@ -75,7 +76,8 @@ class GPTQ(CompressBackend):
         else:
             weights = estimates.pack_quantized(4 if options.scheme == "W4A16" else 8, group_of(options),
                                                options.symmetric, dtype, options.actorder == "group")
-        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache)
+        kept = _sensitivity.planned_bytes(ctx.model, options.sensitive_layers, 4, group_of(options), options.symmetric)
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept)
 
     def check(self, options: GPTQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "gptq", calibrates=True)
@@ -84,13 +86,20 @@ class GPTQ(CompressBackend):
                                         hint="remove group_size, or use scheme = \"W8A16\" for grouped 8-bit weights"))
         else:
             problems += _checks.group_size(ctx, group_of(options), options.ignore)
+        if options.sensitive_layers and options.scheme != "W4A16":
+            problems.append(ctx.problem(f"sensitive_layers keeps layers at 8 bits in a 4-bit model; scheme "
+                                        f"{options.scheme} is already 8-bit", "sensitive_layers",
+                                        hint="remove sensitive_layers, or use scheme = \"W4A16\""))
         return problems
 
     def run(self, options: GPTQOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+        keep = lc.Keep(options.sensitive_layers, 4, group_of(options), options.symmetric, tuple(options.ignore))
+        return lc.quantize(ctx, lambda kept=(): build(options, kept), calibrates=True, pipeline=options.pipeline,
+                           keep=keep if options.scheme == "W4A16" else None)
 
 
-def build(options: GPTQOptions) -> list:
+def build(options: GPTQOptions, kept=()) -> list:
+    """The modifiers; ``kept``: module names of the sensitive units, at 8 bits (W4A16)."""
     from llmcompressor.modifiers.quantization import GPTQModifier
 
     actorder = None if options.actorder == "none" else options.actorder
@@ -100,4 +109,6 @@ def build(options: GPTQOptions) -> list:
         return [GPTQModifier(targets="Linear", scheme="W8A8", actorder=actorder, **common)]
     bits = 4 if options.scheme == "W4A16" else 8
     groups = lc.weight_scheme(bits, group_of(options), options.symmetric, actorder)
+    if kept:
+        groups |= lc.kept_group(kept, group_of(options))
     return [GPTQModifier(config_groups=groups, actorder=actorder, **common)]

@@ -30,64 +30,80 @@ Needs: torch, safetensors (the ``torch`` extra).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
-NIBBLES = 8  # 4-bit codes per int32 word
+BITS = (4, 8)  # code widths the repack carries: 4-bit layers, and 8-bit ones kept by sensitive_layers
 SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
 
 
-def pack_nibbles(codes, dim: int):
-    """Pack 4-bit codes (0..15) 8 to an int32 along ``dim``: code k sits in bits 4*(k % 8) of word k // 8."""
+def pack_nibbles(codes, dim: int, bits: int = 4):
+    """Pack ``bits``-bit codes (0..2^bits-1) 32 // bits to an int32 along ``dim``: code k sits in bits
+    bits*(k % per) of word k // per, the lowest first (4-bit codes: nibbles, 8 to a word)."""
     import numpy as np
     import torch
 
+    per = 32 // bits
     x = np.moveaxis(codes.numpy().astype(np.uint32), dim, 0)
-    if x.shape[0] % NIBBLES:
-        raise ValueError(f"cannot pack {x.shape[0]} codes: not a multiple of {NIBBLES}")
-    x = (x & 0xF).reshape(x.shape[0] // NIBBLES, NIBBLES, *x.shape[1:])
-    shifts = (4 * np.arange(NIBBLES, dtype=np.uint32)).reshape(1, NIBBLES, *([1] * (x.ndim - 2)))
-    words = np.bitwise_or.reduce(x << shifts, axis=1)  # the nibbles do not overlap
+    if x.shape[0] % per:
+        raise ValueError(f"cannot pack {x.shape[0]} codes: not a multiple of {per}")
+    x = (x & (2**bits - 1)).reshape(x.shape[0] // per, per, *x.shape[1:])
+    shifts = (bits * np.arange(per, dtype=np.uint32)).reshape(1, per, *([1] * (x.ndim - 2)))
+    words = np.bitwise_or.reduce(x << shifts, axis=1)  # the codes do not overlap
     return torch.from_numpy(np.ascontiguousarray(np.moveaxis(words, 0, dim)).view(np.int32))
 
 
-def unpack_nibbles(words, dim: int, length: int | None = None):
-    """Inverse of ``pack_nibbles``: int32 words -> codes 0..15 (int32), the first ``length`` along ``dim``."""
+def unpack_nibbles(words, dim: int, length: int | None = None, bits: int = 4):
+    """Inverse of ``pack_nibbles``: int32 words -> codes (int32), the first ``length`` along ``dim``."""
     import numpy as np
     import torch
 
+    per = 32 // bits
     w = np.moveaxis(words.numpy().view(np.uint32), dim, 0)
-    shifts = (4 * np.arange(NIBBLES, dtype=np.uint32)).reshape(1, NIBBLES, *([1] * (w.ndim - 1)))
-    codes = ((w[:, None] >> shifts) & 0xF).reshape(w.shape[0] * NIBBLES, *w.shape[1:])
+    shifts = (bits * np.arange(per, dtype=np.uint32)).reshape(1, per, *([1] * (w.ndim - 1)))
+    codes = ((w[:, None] >> shifts) & (2**bits - 1)).reshape(w.shape[0] * per, *w.shape[1:])
     if length is not None:
         codes = codes[:length]
     return torch.from_numpy(np.ascontiguousarray(np.moveaxis(codes, 0, dim)).astype(np.int32))
 
 
+def packed_bits(weight_packed, weight_shape) -> int:
+    """The code width of a compressed-tensors ``weight_packed`` (4 or 8): 32 x its words per row / input width."""
+    in_features = int(weight_shape[1])
+    bits = 32 * int(weight_packed.shape[1]) // in_features
+    if bits not in BITS or in_features * bits != 32 * int(weight_packed.shape[1]):
+        raise ValueError(f"weight_packed {tuple(weight_packed.shape)} for {in_features} inputs holds neither 4- nor "
+                         "8-bit codes")
+    return bits
+
+
 def from_compressed_tensors(weight_packed, weight_scale, weight_shape, weight_zero_point=None):
-    """(codes [out, in], zeros [out, in/g], scales [out, in/g]) of one compressed-tensors linear, unsigned."""
+    """(codes [out, in], zeros [out, in/g], scales [out, in/g]) of one compressed-tensors linear, unsigned
+    (a symmetric layout's zero point is the middle code, 2^(bits-1))."""
     import torch
 
     out_features, in_features = (int(v) for v in weight_shape)
-    codes = unpack_nibbles(weight_packed, 1, in_features)[:out_features]
+    bits = packed_bits(weight_packed, weight_shape)
+    codes = unpack_nibbles(weight_packed, 1, in_features, bits)[:out_features]
     groups = weight_scale.shape[1]
     if weight_zero_point is None:
-        zeros = torch.full((out_features, groups), 8, dtype=torch.int32)
+        zeros = torch.full((out_features, groups), 2 ** (bits - 1), dtype=torch.int32)
     else:
-        zeros = unpack_nibbles(weight_zero_point, 0, out_features)
+        zeros = unpack_nibbles(weight_zero_point, 0, out_features, bits)
     return codes, zeros, weight_scale
 
 
-def to_compressed_tensors(codes, zeros, scales, symmetric: bool) -> dict:
+def to_compressed_tensors(codes, zeros, scales, symmetric: bool, bits: int = 4) -> dict:
     """The compressed-tensors tensors of one linear (inverse of ``from_compressed_tensors``)."""
     import torch
 
-    out = {"weight_packed": pack_nibbles(codes, 1), "weight_scale": scales,
+    out = {"weight_packed": pack_nibbles(codes, 1, bits), "weight_scale": scales,
            "weight_shape": torch.tensor(list(codes.shape), dtype=torch.int64)}
     if not symmetric:
-        out["weight_zero_point"] = pack_nibbles(zeros, 0)
-    elif not bool((zeros == 8).all()):
-        raise ValueError("a symmetric layout needs every zero point to be 8")
+        out["weight_zero_point"] = pack_nibbles(zeros, 0, bits)
+    elif not bool((zeros == 2 ** (bits - 1)).all()):
+        raise ValueError(f"a symmetric layout needs every zero point to be {2 ** (bits - 1)}")
     return out
 
 
@@ -100,7 +116,7 @@ def gptq_scales(scales):
     return half if exact else scales.to(torch.float32)
 
 
-def to_gptq(codes, zeros, scales, group_size: int) -> dict:
+def to_gptq(codes, zeros, scales, group_size: int, bits: int = 4) -> dict:
     """AutoGPTQ tensors of one linear from unsigned codes [out, in], zeros and scales [out, in/g]."""
     import torch
 
@@ -108,18 +124,18 @@ def to_gptq(codes, zeros, scales, group_size: int) -> dict:
     if in_features % group_size:
         raise ValueError(f"input width {in_features} is not a multiple of group size {group_size}")
     return {
-        "qweight": pack_nibbles(codes.t(), 0),
-        "qzeros": pack_nibbles(((zeros - 1) & 0xF).t(), 1),
+        "qweight": pack_nibbles(codes.t(), 0, bits),
+        "qzeros": pack_nibbles(((zeros - 1) & (2**bits - 1)).t(), 1, bits),
         "scales": gptq_scales(scales).t().contiguous(),
         "g_idx": torch.arange(in_features, dtype=torch.int32) // group_size,
     }
 
 
-def from_gptq(qweight, qzeros, scales, g_idx):
+def from_gptq(qweight, qzeros, scales, g_idx, bits: int = 4):
     """(codes [out, in], zeros [out, in/g], scales [out, in/g]) of one AutoGPTQ linear (inverse of ``to_gptq``)."""
     in_features, out_features = int(g_idx.shape[0]), int(qweight.shape[1])
-    codes = unpack_nibbles(qweight, 0, in_features).t().contiguous()
-    zeros = ((unpack_nibbles(qzeros, 1, out_features) + 1) & 0xF).t().contiguous()
+    codes = unpack_nibbles(qweight, 0, in_features, bits).t().contiguous()
+    zeros = ((unpack_nibbles(qzeros, 1, out_features, bits) + 1) & (2**bits - 1)).t().contiguous()
     return codes, zeros, scales.t().contiguous()
 
 
@@ -165,8 +181,9 @@ def w4a16_problem(qconfig: dict) -> str | None:
     s = scheme_of(qconfig)
     if qconfig.get("quant_method") != "compressed-tensors":
         return f"quant_method is {qconfig.get('quant_method')!r}, not compressed-tensors"
-    if s["bits"] != [4] or s["types"] != ["int"]:
-        return f"its weights are {'/'.join(map(str, s['bits']))}-bit {'/'.join(s['types'])}, not 4-bit int (W4A16)"
+    if 4 not in s["bits"] or not set(s["bits"]) <= set(BITS) or s["types"] != ["int"]:
+        return (f"its weights are {'/'.join(map(str, s['bits']))}-bit {'/'.join(s['types'])}, not 4-bit int (W4A16, "
+                "some layers at 8 bits allowed)")
     if s["activations"]:
         return "it also quantizes activations (W4A4/W4A8); only weight-only W4A16 can be repacked"
     if s["format"] != "pack-quantized":
@@ -180,15 +197,22 @@ def w4a16_problem(qconfig: dict) -> str | None:
     return None
 
 
-def gptq_config(qconfig: dict) -> dict:
+def gptq_config(qconfig: dict, bits: dict[str, int] | None = None) -> dict:
+    """AutoGPTQ's quantization_config; ``bits``: each converted linear's code width, those of 8 bits named in
+    ``dynamic`` (GPTQModel's per-module overrides, which the ONNX Runtime GenAI builder reads: a pattern
+    matched at the start of each tensor name)."""
     s = scheme_of(qconfig)
-    return {"quant_method": "gptq", "bits": 4, "group_size": s["group_sizes"][0], "desc_act": False,
-            "sym": s["symmetric"] == [True], "checkpoint_format": "gptq"}
+    config = {"quant_method": "gptq", "bits": 4, "group_size": s["group_sizes"][0], "desc_act": False,
+              "sym": s["symmetric"] == [True], "checkpoint_format": "gptq"}
+    wide = sorted(name for name, width in (bits or {}).items() if width != 4)
+    if wide:
+        config["dynamic"] = {f"+:{re.escape(name)}\\.": {"bits": bits[name]} for name in wide}
+    return config
 
 
-def convert_shard(tensors: dict) -> tuple[dict, list[str]]:
+def convert_shard(tensors: dict) -> tuple[dict, dict[str, int]]:
     """One safetensors shard: every packed linear in AutoGPTQ layout, other tensors untouched;
-    returns the new tensors and the names of the converted linears."""
+    returns the new tensors and the converted linears' code widths by name."""
     out = {}
     bases = {k.rsplit(".", 1)[0] for k in tensors if k.endswith(".weight_packed")}
     for key, value in tensors.items():
@@ -197,13 +221,15 @@ def convert_shard(tensors: dict) -> tuple[dict, list[str]]:
             out[key] = value
         elif suffix == "weight_g_idx":
             raise ValueError(f"{key}: activation-ordered groups cannot be repacked")
+    widths = {}
     for base in sorted(bases):
-        codes, zeros, scales = from_compressed_tensors(
-            tensors[f"{base}.weight_packed"], tensors[f"{base}.weight_scale"], tensors[f"{base}.weight_shape"],
-            tensors.get(f"{base}.weight_zero_point"))
+        packed, shape = tensors[f"{base}.weight_packed"], tensors[f"{base}.weight_shape"]
+        widths[base] = packed_bits(packed, shape)
+        codes, zeros, scales = from_compressed_tensors(packed, tensors[f"{base}.weight_scale"], shape,
+                                                       tensors.get(f"{base}.weight_zero_point"))
         group_size = codes.shape[1] // scales.shape[1]
-        out.update({f"{base}.{name}": t for name, t in to_gptq(codes, zeros, scales, group_size).items()})
-    return out, sorted(bases)
+        out.update({f"{base}.{name}": t for name, t in to_gptq(codes, zeros, scales, group_size, widths[base]).items()})
+    return out, widths
 
 
 def repack_checkpoint(src: Path, dst: Path) -> dict:
@@ -216,15 +242,15 @@ def repack_checkpoint(src: Path, dst: Path) -> dict:
     if problem:
         raise ValueError(f"{src} cannot be repacked: {problem}")
     dst.mkdir(parents=True, exist_ok=True)
-    linears: list[str] = []
+    widths: dict[str, int] = {}
     for path in sorted(src.iterdir()):
         if path.suffix == ".safetensors":
-            tensors, names = convert_shard(load_file(path))
+            tensors, converted = convert_shard(load_file(path))
             save_file(tensors, dst / path.name, metadata={"format": "pt"})
-            linears += names
+            widths |= converted
         elif path.is_file() and path.name != "config.json" and not path.name.endswith(".index.json"):
             shutil.copy2(path, dst / path.name)
-    config["quantization_config"] = gptq_config(qconfig)
+    config["quantization_config"] = gptq_config(qconfig, widths)
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return {"linears": len(linears), "lm_head_quantized": any(n.endswith("lm_head") for n in linears),
-            **config["quantization_config"]}
+    return {"linears": len(widths), "lm_head_quantized": any(n.endswith("lm_head") for n in widths),
+            "linears_8bit": sum(1 for w in widths.values() if w == 8), **config["quantization_config"]}
