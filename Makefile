@@ -55,8 +55,8 @@ VLLM_DEPS := vllm==0.33.0 compressed-tensors==0.17.0 transformers==5.20.0 tokeni
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_ENV)/bin/python || $(PYTHON) -m venv $(VLLM_ENV)
-	$(VLLM_ENV)/bin/python -m pip --disable-pip-version-check install -q $(TORCH)
-	$(VLLM_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps $(VLLM_DEPS)
+	$(VLLM_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-compile $(TORCH)
+	$(VLLM_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-compile --no-deps $(VLLM_DEPS)
 	VLLM_TARGET_DEVICE=cpu $(VLLM_ENV)/bin/python -c "import vllm.engine.arg_utils, compressed_tensors"
 	touch $@
 
@@ -78,8 +78,8 @@ SGLANG_DEPS := sglang==0.5.23 triton==3.8.0 numpy==2.4.6 orjson==3.12.0 psutil==
 
 $(SGLANG_STAMP): Makefile
 	test -x $(SGLANG_ENV)/bin/python || $(PYTHON) -m venv $(SGLANG_ENV)
-	$(SGLANG_ENV)/bin/python -m pip --disable-pip-version-check install -q $(TORCH)
-	$(SGLANG_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps $(SGLANG_DEPS)
+	$(SGLANG_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-compile $(TORCH)
+	$(SGLANG_ENV)/bin/python -m pip --disable-pip-version-check install -q --no-compile --no-deps $(SGLANG_DEPS)
 	$(SGLANG_ENV)/bin/python -c "import sglang.srt.server_args"
 	touch $@
 

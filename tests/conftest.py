@@ -148,15 +148,18 @@ ENGINE_ENVS = ("vllm_python", "sglang_python")  # environments built in the back
 def pytest_collection_modifyitems(session, config, items) -> None:
     """The tests that use the quickstart run go last, in their order: the run starts in the background when the
     demo model's seed is built (``start_quickstart_in_background``) and goes on while the other tests run. Those
-    that use an engine's environment go just before them, so that its build (started with the seed) has the
-    other tests' minutes to finish in rather than being waited for (about three minutes of an idle test
-    process when they ran in file order)."""
+    that use vLLM's environment go just before them, so that its build (started with the seed) has the other
+    tests' minutes to finish in rather than being waited for (about three minutes of an idle test process when
+    they ran in file order); those that use SGLang's, built after vLLM's, go after them (just before them, the
+    test process still waited 54 s for it on a fresh clone, then waited again for the quickstart run)."""
     def uses(item, names) -> bool:
         return bool(set(names) & set(getattr(item, "fixturenames", ())))
     quick = [item for item in items if uses(item, ("quickstart",))]
     engines = [item for item in items if uses(item, ENGINE_ENVS) and item not in quick]
+    late = [item for item in engines if uses(item, ("sglang_python",))]
+    engines = [item for item in engines if item not in late]
     _quickstart["needed"] = bool(quick)
-    items[:] = [item for item in items if item not in quick and item not in engines] + engines + quick
+    items[:] = [item for item in items if item not in quick + engines + late] + engines + quick + late
 
 
 def pytest_collection_finish(session) -> None:

@@ -206,6 +206,19 @@ def test_eval_a_model_alone(capsys, recipe, tiny_model, tmp_path):
     assert ET.parse(tmp_path / "r" / "junit.xml").getroot().get("tests") == "0"
 
 
+def test_only_runs_the_named_evals_and_their_gates(capsys, recipe, tiny_model, tmp_path):
+    """`--only mc` scores and gates mc alone; a name the recipe lacks is exit 2 listing the names it has."""
+    damaged = perturbed_copy(tiny_model, tmp_path / "damaged")
+    code, out, err = call(capsys, "eval", str(recipe), "--candidate", str(damaged), "--only", "mc", "-o",
+                          str(tmp_path / "r"), "-f", "json")
+    doc = json.loads(out)
+    assert [g["name"] for g in doc["gates"]] == ["mc"] and set(doc["evals"]) == {"eval.mc.baseline", "eval.mc.candidate"}
+    assert code == (0 if doc["gates"][0]["verdict"] == "pass" else 3), err  # prose, which it fails, was left out
+    check_reports(tmp_path / "r", {"mc": doc["gates"][0]["verdict"]})
+    code, _, err = call(capsys, "eval", str(recipe), "--candidate", str(damaged), "--only", "prose,qa")
+    assert code == 2 and "--only qa" in err and "name one or more of: prose, mc" in err and "Traceback" not in err
+
+
 def test_eval_usage_errors(capsys, recipe, tmp_path):
     code, _, err = call(capsys, "eval", str(recipe), "--endpoint", "http://127.0.0.1:9/v1", "--candidate", "x")
     assert code == 2 and "ambiguous" in err

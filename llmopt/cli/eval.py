@@ -18,6 +18,7 @@ def eval_(
     model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Model folder to score instead of the recipe's source (with --candidate: the baseline).")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Score the model served at this OpenAI-compatible URL (tokenizer from --model or the recipe's source).")] = None,
     candidate: Annotated[Optional[str], typer.Option("--candidate", "-c", help="Model folder, artifact folder or endpoint URL to gate against the baseline; exits 3 when a gate fails.")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these evals, by name, and their gates (repeatable, or comma-separated: --only prose,mc); default: every [[eval]].")] = None,
     set_: SetOpt = None,
     force: Annotated[Optional[list[str]], typer.Option("--force", help="Re-run these stages even when cached (a name or prefix such as eval, or 'all').")] = None,
     cache_dir: CacheOpt = None,
@@ -38,14 +39,15 @@ def eval_(
 
         llmopt eval recipes/quickstart.toml --candidate artifacts/quickstart -o reports/
 
-        llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1
+        llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose,mc
     """
     from llmopt.errors import GateFailed
     from llmopt.run.evaluate import evaluate
 
     out = sink(format)
     try:
-        result = evaluate(recipe, set_ or [], model, endpoint, candidate, cache_dir, output, out, force, strict)
+        names = [name.strip() for value in only or [] for name in value.split(",") if name.strip()] or None
+        result = evaluate(recipe, set_ or [], model, endpoint, candidate, cache_dir, output, out, force, strict, names)
     except GateFailed as err:
         result = getattr(err, "result", None)
         if result is not None:

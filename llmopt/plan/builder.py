@@ -33,19 +33,26 @@ def resolve_cache(cache_dir: str | Path | None, loaded: LoadedRecipe) -> Cache:
 
 def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output_dir: str | Path | None = None, *,
                scope: str = "run", baseline: str | Path | None = None, candidate: str | None = None,
-               endpoint: str | None = None, facts: bool = True, strict: bool = False) -> Plan:
+               endpoint: str | None = None, facts: bool = True, strict: bool = False,
+               only: list[str] | None = None) -> Plan:
     """The plan of ``llmopt run`` (scope "run") or of ``llmopt eval`` (scope "eval": the recipe's source, or
     ``baseline``, scored alone or against ``candidate``, a model or artifact folder or an endpoint URL;
     ``endpoint``: score the source through that server). The model's facts come from its config.json or
     GGUF header (for a hub id: from the hub, or from its local cache when HF_HUB_OFFLINE=1). ``facts=False``
     reads nothing of the model: the source check and every check that needs facts are skipped
-    (`llmopt validate`). ``strict``: every warning is an error."""
+    (`llmopt validate`). ``strict``: every warning is an error. ``only``: the names of the evals to plan
+    (`llmopt eval --only`); the others, and their gates, are left out."""
     recipe = loaded.recipe
+    names = [item.name for item in recipe.eval]
+    unknown = [name for name in only or [] if name not in names]
+    if unknown:
+        raise UsageError(f"--only {', '.join(unknown)}: {loaded.path} has no eval of that name",
+                         fix=f"name one or more of: {', '.join(names)}")
     cache = resolve_cache(cache_dir, loaded)
     gpu = find_gpu(recipe.target.gpu) if recipe.target.gpu else None  # the loader checked the name
     problems: list[Problem] = []
     info = model_facts(loaded, problems, facts) if baseline is None else folder_facts(Path(baseline))
-    builder = _Builder(loaded, problems, info, gpu, cache, facts)
+    builder = _Builder(loaded, problems, info, gpu, cache, facts, only)
     section = recipe.model if baseline is None else recipe.model.model_copy(update={"source": str(Path(baseline).resolve())})
     pinned = pinned_stage(Path(baseline), cache, "source") if baseline is not None else None
     source = builder.add(pinned) if pinned is not None else builder.source("source", section)
@@ -210,8 +217,9 @@ class _Builder:
     """Appends the stages of a plan in order, running each backend's ``check`` as it goes."""
 
     def __init__(self, loaded: LoadedRecipe, problems: list[Problem], info: ModelInfo | None, gpu: GPU | None,
-                 cache: Cache, facts: bool = True):
+                 cache: Cache, facts: bool = True, only: list[str] | None = None):
         self.loaded, self.problems, self.info, self.gpu, self.cache = loaded, problems, info, gpu, cache
+        self.only = set(only) if only else None  # the evals to plan (None: every one)
         self.source_info = info  # self.info follows the compress steps (pruning); this stays the source's
         self.facts = facts  # False: nothing of the model is read, so the source check is skipped
         self.stages: list[Stage] = []
@@ -279,6 +287,8 @@ class _Builder:
         """Each [[eval]] on the baseline and the candidate (``target``), or on the source alone."""
         loaded = self.loaded
         for index, item in enumerate(loaded.recipe.eval):
+            if self.only is not None and item.name not in self.only:
+                continue
             options = loaded.options_for("eval", index)
             spec = getattr(options, "data", None)
             digest = datasets.digest(spec, loaded.path.parent) if isinstance(spec, str) else None
@@ -318,7 +328,10 @@ class _Builder:
         if not evals:
             return
         inputs = {f"{s.name.split('.', 1)[1]}": s.name for s in evals}  # "<eval>.<role>" -> stage
-        self.add(Stage("gate", "gate", "paired", ("eval",), gate_options(self.loaded), inputs,
+        options = gate_options(self.loaded)
+        if self.only is not None:
+            options = options.model_copy(update={"gates": [g for g in options.gates if g.name in self.only]})
+        self.add(Stage("gate", "gate", "paired", ("eval",), options, inputs,
                        volatile=any(s.volatile for s in evals)))
 
     def deploy(self, model_stage: Stage) -> Stage | None:

@@ -39,8 +39,9 @@ GATE_KEYS = tuple(k for k in GATE_FIELDS if k not in ("name", "kind")) + ("inter
 
 def evaluate(recipe: str | Path, overrides=(), model: str | Path | None = None, endpoint: str | None = None,
              candidate: str | Path | None = None, cache_dir=None, output=None, out: Output | None = None,
-             force: list[str] | None = None, strict: bool = False) -> RunResult:
-    """Score the recipe's evals on one model, or baseline against ``candidate`` with the gates."""
+             force: list[str] | None = None, strict: bool = False, only: list[str] | None = None) -> RunResult:
+    """Score the recipe's evals on one model, or baseline against ``candidate`` with the gates; ``only``: the
+    names of the evals to run (with their gates), the others left out."""
     if endpoint and candidate:
         raise UsageError("--endpoint and --candidate together are ambiguous",
                          fix="to gate a served model against the recipe's source, pass its URL as --candidate")
@@ -50,7 +51,7 @@ def evaluate(recipe: str | Path, overrides=(), model: str | Path | None = None, 
     if not loaded.recipe.eval:
         raise UsageError(f"{loaded.path} has no [[eval]] table", fix="add one (`llmopt schema` lists the keys)")
     plan = build_plan(loaded, cache_dir, output, scope="eval", baseline=model, endpoint=endpoint,
-                      candidate=None if candidate is None else str(candidate), strict=strict)
+                      candidate=None if candidate is None else str(candidate), strict=strict, only=only)
     return run_plan(plan, out, force)
 
 
