@@ -66,6 +66,11 @@
 # benchmarks/gpu_vllm.sh pack` packs vLLM, llm-compressor's and ModelOpt's wheels and .gpu/tokenizer (the
 # demo model's tokenizer saved by AutoTokenizer from its GGUF file, eos <|im_end|>) into four parts.
 #
+# GV_SERVED_EVAL="awq awq-sens": after the variants, those variants' artifacts are each started from their own
+# deploy config and scored through the engine's API by `llmopt eval GV_EVAL_RECIPE --candidate URL`
+# (benchmarks/served_eval.py; default recipes/quickstart.toml: its six evals and gates, against the bf16
+# source scored on the GPU in the same run). The variants awq-sens and gptq-sens are awq and gptq with
+# compress.0.sensitive_layers=GV_SENSITIVE (8): that many layer groups kept at 8 bits.
 # The variant `spec` is speculative decoding on text: for each of GV_SPEC_MODELS (fp8 bf16: the variants' recipes,
 # without evals), the artifact without speculation and with ngram speculation of each of GV_SPEC_NGRAM ("4 8")
 # tokens (the models after the first get its first value only), each served once by vLLM from its own
@@ -91,6 +96,8 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     fp8) echo "recipes/fp8-vllm-h100.toml" ;;
     gptq) echo "recipes/gptq-w4a16-vllm.toml" ;;
     awq) echo "recipes/awq-vllm.toml" ;;
+    awq-sens) echo "recipes/awq-vllm.toml -s compress.0.sensitive_layers=${GV_SENSITIVE:-8}" ;;
+    gptq-sens) echo "recipes/gptq-w4a16-vllm.toml -s compress.0.sensitive_layers=${GV_SENSITIVE:-8}" ;;
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
@@ -266,6 +273,14 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
         > "$W/bench/$v.json" 2> "$W/bench/$v.log"
       say "$v: bench exit $? in $(( $(date +%s) - t )) s"
     done
+    if [ -n "${GV_SERVED_EVAL:-}" ]; then  # a recipe's evals through these variants' own engines (header)
+      pairs=(); for v in $GV_SERVED_EVAL; do [ -d "$W/art/$v" ] && pairs+=("$v=$W/art/$v"); done
+      say "served eval: ${pairs[*]}"
+      t=$(date +%s)
+      python3 benchmarks/served_eval.py "${GV_EVAL_RECIPE:-recipes/quickstart.toml}" "$W/veval" "${pairs[@]}" \
+        > "$W/veval.log" 2>&1
+      say "served eval: exit $? in $(( $(date +%s) - t )) s"
+    fi
     touch "$W/done"; say "done" ;;
 
   wait)  # up to $1 seconds for the run to end; then what is done goes to $OUT
@@ -278,7 +293,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs \
       $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl \
         sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json \
-        spec.log spec/summary.json spec/*/points.jsonl spec/*/answers-*.jsonl spec/*/engine.log spec/*/*/bench.json 2>/dev/null))
+        spec.log spec/summary.json spec/*/points.jsonl spec/*/answers-*.jsonl spec/*/engine.log spec/*/*/bench.json \
+        veval.log veval/*.json veval/*/report/report.json veval/*/report/report.md veval/*/engine.log 2>/dev/null))
     [ -d "$W/cache/tune" ] && (cd "$W" && tar -czf "$OUT/tune.tgz" --exclude=requests.jsonl cache/tune \
       $(ls -d tune.json tune.log tune 2>/dev/null))
     cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;
