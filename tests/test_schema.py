@@ -90,7 +90,7 @@ def test_serve_keys_follow_the_backend():
 def test_each_naming_key_is_an_enum_of_the_registered_backends():
     backends = registry.all_backends()
     defs = SCHEMA["$defs"]
-    tables = {"compress": "CompressStep", "eval": "EvalItem", "export": "ExportSection", "serve": "ServeSection"}
+    tables = {"compress": "CompressStep", "draft": "CompressStep", "eval": "EvalItem", "export": "ExportSection", "serve": "ServeSection"}
     for section, key, kind, _ in BACKEND_SECTIONS:
         table = defs[tables[section]]
         assert table["properties"][key]["enum"] == sorted(backends[kind])

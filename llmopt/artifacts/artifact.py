@@ -3,6 +3,7 @@
 Layout::
 
     <output>/model/           the final model folder
+    <output>/draft/           the draft model [[draft]] made, for speculative decoding (when the recipe has one)
     <output>/deploy/<engine>/ launch configs (when the recipe has [serve])
     <output>/reports/         report.json, report.md, junit.xml, per-example scores, run.log
     <output>/manifest.json    provenance, metrics, verdicts, the checksum of every file
@@ -49,6 +50,10 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         folder = model_dir(plan, manifests[plan.final_model_stage.name])
         # only the cache's own files are linked: a source folder read in place is the user's, and is copied
         placed = place_tree(folder, tmp / "model", link=folder.resolve().is_relative_to(plan.cache.root.resolve()))
+        drafts = plan.kind("draft")
+        if drafts:  # the draft the launch configs name as {draft}
+            folder = model_dir(plan, manifests[drafts[-1].name])
+            placed |= {f"../draft/{name}": how for name, how in place_tree(folder, tmp / "draft", link=True).items()}
         deploy = place_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
         manifest["model_bytes"] = sum(p.stat().st_size for p in (tmp / "model").rglob("*") if p.is_file())
@@ -57,7 +62,7 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         manifest["tune"] = report.get("tune")  # the tune stage's verdict (None without one)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
-        manifest["linked"] = sorted(f"model/{name}" for name, how in placed.items() if how == "link")
+        manifest["linked"] = sorted(os.path.normpath(f"model/{name}") for name, how in placed.items() if how == "link")
         manifest["checksum"] = plan.recipe.recipe.output.checksum
         manifest["files"] = checksums(tmp, manifest["checksum"])
         write_json(tmp / "manifest.json", manifest)
@@ -166,6 +171,7 @@ def build_manifest(plan: Plan, manifests: dict, gates: list[dict], deploy: dict)
             for s in plan.stages
         ],
         "metrics": {s.name: manifests[s.name]["outputs"] for s in plan.stages if s.kind == "eval"},
+        "draft": next((manifests[s.name]["outputs"] for s in plan.kind("acceptance")), None),
         "gates": gates,
         "estimates": plan.estimates,
         "target": plan.gpu.to_dict() if plan.gpu else {"device": "cpu"},

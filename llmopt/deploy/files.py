@@ -82,7 +82,7 @@ class Launch:
     name: str  # served model name (the recipe's name)
     image: str | None  # container image with tag; None: no container files (launch.sh only)
     entrypoint: list[str]  # the program: ["vllm", "serve"]
-    args: list[str]  # its arguments, with {model} and {config} placeholders for paths
+    args: list[str]  # its arguments, with {model}, {config} and {draft} placeholders for paths (other braces doubled)
     port: int
     gpus: int  # GPUs one replica reserves (the product of the config's parallel sizes)
     deployment: DeploymentOptions = field(default_factory=DeploymentOptions)
@@ -101,10 +101,11 @@ class Launch:
     ready_timeout: int = 5  # seconds a readiness answer may take
 
     def argv(self, root: str, model: str | None = None) -> list[str]:
-        """The full command with paths under ``root`` (the artifact folder)."""
+        """The full command with paths under ``root`` (the artifact folder): {model}, {config} and {draft} (the
+        draft model the artifact carries)."""
         model = model or f"{root}/model"
         config = f"{root}/deploy/{self.engine}"
-        return [*self.entrypoint, *(a.format(model=model, config=config) for a in self.args)]
+        return [*self.entrypoint, *(a.format(model=model, config=config, draft=f"{root}/draft") for a in self.args)]
 
     def command(self, root: str = ".") -> str:
         return " ".join(shlex.quote(part) for part in self.argv(root))

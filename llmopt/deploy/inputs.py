@@ -82,11 +82,22 @@ def render_facts(ctx, model_dir: Path) -> tuple[ModelInfo, int, str]:
     return info, estimated_weight_bytes(ctx.recipe, info), "estimate"
 
 
-def draft_for(recipe, options, info: ModelInfo, gpu) -> memory.Draft | None:
-    """The draft speculative decoding adds to the memory model (``llmopt.deploy.speculative``), or None."""
+def draft_folder(ctx) -> Path | None:
+    """Where the draft [[draft]] made is, for a deploy stage that has one."""
+    return ctx.input_model_dir("draft") if "draft" in ctx.inputs else None
+
+
+def draft_for(recipe, options, info: ModelInfo, gpu, folder: Path | None = None) -> memory.Draft | None:
+    """The draft speculative decoding adds to the memory model (``llmopt.deploy.speculative``), or None;
+    ``folder``: where the draft [[draft]] made is (the deploy stage's input)."""
+    import dataclasses
+
     from llmopt.deploy import speculative
 
-    return speculative.draft_memory(speculative.of(recipe.serve, options), info, model_dtype(recipe, info, gpu))
+    spec = speculative.spec_of(recipe, options)
+    if spec is not None and spec.model == speculative.OWN_DRAFT and folder is not None:
+        spec = dataclasses.replace(spec, model=str(folder))
+    return speculative.draft_memory(spec, info, model_dtype(recipe, info, gpu))
 
 
 def memory_plan(serve, target, info: ModelInfo, gpu, options, weight_bytes: int, weight_source: str,

@@ -61,8 +61,8 @@ class NodeCommands:
              dollar: str = "$") -> tuple[str, str]:
         """Both commands with the placeholders filled; ``dollar``: how the file writes a shell ``$``."""
         config = f"{root}/deploy/{launch.engine}"
-        values = {"model": model, "config": config, "leader": leader, "rank": rank, "nodes": nodes,
-                  "workers": workers}
+        values = {"model": model, "config": config, "draft": f"{root}/draft", "leader": leader, "rank": rank,
+                  "nodes": nodes, "workers": workers}
         return (self.leader.replace("$", dollar).format(**values),
                 self.worker.replace("$", dollar).format(**values))
 

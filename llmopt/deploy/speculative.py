@@ -6,6 +6,9 @@ drafted per step become vLLM's ``speculative-config``, SGLang's ``--speculative-
 method the engine version lacks, a draft whose vocabulary differs from the target's and a draft bigger than the
 target are errors; the memory model counts the draft's weights and KV cache (``draft_memory``).
 
+A recipe's own draft ([[draft]] steps on the source, which the artifact carries in ``draft/``) is named by the
+placeholder ``OWN_DRAFT`` until the launch files fill in where the artifact is (``files.Launch.argv``).
+
 vLLM's older ``[serve]`` keys (``speculative_method``, ``speculative_model``, ``num_speculative_tokens``) still
 work: they are read as the section (``of``), with a deprecation warning; both at once is an error.
 """
@@ -48,6 +51,8 @@ WHY_NOT = {
                          "no path in trtllm-serve's PyTorch backend",
 }
 LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "ort": "llmopt serve"}
+OWN_DRAFT = "{draft}"  # the artifact's draft/ folder, in the launch files' placeholder form
+OWN_DRAFT_ENGINES = ("vllm", "sglang")  # whose launch command can name the artifact's draft folder
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,14 @@ def of(serve, options=None) -> Spec | None:
     if method is None:
         return None
     return Spec(method, options.speculative_model, options.num_speculative_tokens, key="speculative_method")
+
+
+def spec_of(recipe, options=None) -> Spec | None:
+    """``of`` for a whole recipe: with [[draft]] steps, draft_model's model is the artifact's own draft."""
+    spec = of(recipe.serve, options)
+    if spec is not None and recipe.draft and spec.method == "draft_model" and spec.model is None:
+        return dataclasses.replace(spec, model=OWN_DRAFT)
+    return spec
 
 
 # --- each engine's spelling -----------------------------------------------------------------------------------
@@ -142,13 +155,25 @@ def problems(spec: Spec | None, engine: str, version: str | None, ctx, options=N
                              ctx.where("speculative_method"), f'write [serve.speculative] method = "{spec.method}", '
                              f"{model}num_tokens = {spec.num_tokens} (the same config for every engine)",
                              severity="warning"))
+    own = bool(ctx.recipe.recipe.draft)
+    if own and (spec is None or spec.method != "draft_model" or spec.model):
+        said = "no [serve.speculative]" if spec is None else (
+            f"model = {spec.model!r}" if spec.model and spec.method == "draft_model" else f"method = {spec.method!r}")
+        found.append(Problem(f"[[draft]] makes a draft model, but the recipe serves none ({said})",
+                             ctx.recipe.where("draft"), '[serve.speculative] method = "draft_model" without model '
+                             "serves the draft [[draft]] makes; or remove [[draft]]"))
     if spec is None:
         return found
     where = ctx.where(spec.key) if spec.key != "speculative" else ctx.recipe.where("serve", "speculative")
     found += method_problems(spec, engine, version, where)
-    if spec.method in DRAFTED and not spec.model:
+    if own and spec.method == "draft_model" and not spec.model and engine not in OWN_DRAFT_ENGINES + ("ort",):
+        found.append(Problem(f"{LABELS.get(engine, engine)}'s launch config cannot name the draft [[draft]] makes yet",
+                             where, "serve it with vllm or sglang, or give model a draft folder"))
+    elif spec.method in DRAFTED and not spec.model and not (own and spec.method == "draft_model"):
         found.append(Problem(f"speculative method {spec.method!r} needs a draft model", where,
-                             "set model to the draft's hub id or absolute folder"))
+                             "set model to the draft's hub id or absolute folder"
+                             + (", or make one from the source with [[draft]] steps" if spec.method == "draft_model"
+                                else "")))
     elif spec.method not in DRAFTED and spec.model:
         found.append(Problem(f"speculative method {spec.method!r} reads no draft model", where,
                              "leave model out" + (" (mtp drafts with the target's own layers)"
@@ -238,6 +263,8 @@ def draft_memory(spec: Spec | None, target: ModelInfo, dtype: str) -> memory.Dra
         return None
     if spec.method == "mtp":
         return memory.Draft("mtp", 0, dataclasses.replace(target, num_layers=1, sliding_layers=0))
+    if spec.model == OWN_DRAFT:  # not made yet: the deploy stage counts it from its folder
+        return None
     try:
         info = draft_info(spec.model) if spec.model else None
     except UsageError:

@@ -58,9 +58,10 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     source = builder.add(pinned) if pinned is not None else builder.source("source", section)
     if scope == "run":
         target = builder.model_stages(source)
+        draft = builder.draft(source)
         builder.evals(source, target)
         builder.gate()
-        deploy = builder.deploy(target)
+        deploy = builder.deploy(target, draft)
         builder.bench(deploy, target)
         builder.tune(deploy, target)
     else:
@@ -225,6 +226,8 @@ class _Builder:
         self.stages: list[Stage] = []
         self.upstream: list[str] = []  # the compress methods so far
         self.identities: dict[str, dict | None] = {}  # endpoint URL -> what its server says it serves
+        self.engine_model: Stage | None = None  # the model an engine loads (model_stages)
+        self.draft_info: ModelInfo | None = None  # the facts of the draft [[draft]] makes
 
     def ctx(self, step: tuple, **kw) -> PlanContext:
         return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
@@ -245,29 +248,72 @@ class _Builder:
         """The compress steps and the export, in recipe order; returns the last model stage."""
         recipe, loaded, model_stage = self.loaded.recipe, self.loaded, source
         for index, step in enumerate(recipe.compress):
-            options = loaded.options_for("compress", index)
-            stage = Stage(f"compress.{index}.{step.method}", "compress", step.method, ("compress", index), options,
-                          {"model": model_stage.name})
-            impl = stage.impl
-            if impl.teacher:  # distillation: the source model teaches the student
-                stage.inputs["teacher"] = source.name
-            data = getattr(options, "data", None)
-            if isinstance(data, str):  # a step's own training text, hashed like calibration data
-                stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
-            self.problems += impl.check(options, self.ctx(("compress", index)))
-            if impl.calibrates:
-                stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
-                stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, loaded.path.parent)
-            if self.info is not None:
-                self.info = impl.transform_info(options, self.info)
-            self.upstream.append(step.method)
-            model_stage = self.add(stage)
+            model_stage = self.step("compress", index, step.method, model_stage, source)
+        self.engine_model = model_stage  # what an engine loads: the last compress step's model, before an export
         if recipe.export.format != "hf":
             options = loaded.options_for("export", None)
             stage = Stage(f"export.{recipe.export.format}", "export", recipe.export.format, ("export",), options,
                           {"model": model_stage.name})
             self.problems += stage.impl.check(options, self.ctx(("export",)))
             model_stage = self.add(stage)
+        return model_stage
+
+    def step(self, section: str, index: int, method: str, model_stage: Stage, source: Stage) -> Stage:
+        """One compress step (of [[compress]] or [[draft]]) on ``model_stage``'s model; a distill step's teacher is
+        the source."""
+        recipe, loaded = self.loaded.recipe, self.loaded
+        options = loaded.options_for(section, index)
+        stage = Stage(f"{section}.{index}.{method}", section, method, (section, index), options,
+                      {"model": model_stage.name})
+        impl = stage.impl
+        if impl.teacher:  # distillation: the source model teaches the student
+            stage.inputs["teacher"] = source.name
+        data = getattr(options, "data", None)
+        if isinstance(data, str):  # a step's own training text, hashed like calibration data
+            stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
+        self.problems += impl.check(options, self.ctx((section, index)))
+        if impl.calibrates:
+            stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
+            stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, loaded.path.parent)
+        if self.info is not None:
+            self.info = impl.transform_info(options, self.info)
+        self.upstream.append(method)
+        return self.add(stage)
+
+    def draft(self, source: Stage) -> Stage | None:
+        """[[draft]]: the steps that make the draft model from the source, in order, and the stage that measures
+        how many of its tokens the served model accepts (``llmopt.bench.acceptance``); returns the draft's stage."""
+        recipe = self.loaded.recipe
+        if not recipe.draft:
+            return None
+        from llmopt.bench import dataset as bench_data
+        from llmopt.bench.acceptance import acceptance_options
+
+        info, upstream = self.info, self.upstream
+        self.info, self.upstream = self.source_info, []  # the draft's steps see the source, not the target
+        model_stage = source
+        for index, step in enumerate(recipe.draft):
+            model_stage = self.step("draft", index, step.method, model_stage, source)
+        self.draft_info = self.info
+        self.info, self.upstream = info, upstream
+        where = self.loaded.where("draft")
+        if recipe.serve is None:
+            self.problems.append(Problem("[[draft]] makes a draft model, but the recipe has no [serve] to speculate in",
+                                         where, '[serve.speculative] method = "draft_model" serves it'))
+        if self.draft_info is not None and self.info is not None \
+                and self.draft_info.total_params >= self.info.total_params:
+            self.problems.append(Problem(
+                f"the draft [[draft]] makes ({self.draft_info.total_params / 1e6:,.0f}M parameters) is not smaller than "
+                f"the served model ({self.info.total_params / 1e6:,.0f}M): drafting would cost more than it saves",
+                where, "cut it with prune_depth or prune_width (a quantized copy has as many parameters)"))
+        options = acceptance_options(self.loaded)
+        stage = Stage("draft.acceptance", "acceptance", "greedy", ("draft",), options,
+                      {"draft": model_stage.name, "target": self.engine_model.name})
+        try:  # the prompts' text keys the stage, as a workload's keys the bench
+            stage.material["dataset_sha256"] = bench_data.load(options.dataset, self.loaded.path.parent).sha256
+        except UsageError as exc:
+            self.problems.append(Problem(exc.what, self.loaded.where("serve", "workload", "dataset"), exc.fix))
+        self.add(stage)
         return model_stage
 
     def candidate(self, candidate: str | None, source: Stage) -> Stage | None:
@@ -334,7 +380,7 @@ class _Builder:
         self.add(Stage("gate", "gate", "paired", ("eval",), options, inputs,
                        volatile=any(s.volatile for s in evals)))
 
-    def deploy(self, model_stage: Stage) -> Stage | None:
+    def deploy(self, model_stage: Stage, draft: Stage | None = None) -> Stage | None:
         """The serve backend's launch configs for the final model; its plan-time checks and what it accepts."""
         serve = self.loaded.recipe.serve
         if serve is None:
@@ -349,8 +395,9 @@ class _Builder:
         engine = backend.key_material(options)  # the engine release found here, for one
         if engine:
             material["engine"] = engine
-        return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options,
-                              {"model": model_stage.name}, material))
+        inputs = {"model": model_stage.name, **({"draft": draft.name} if draft is not None else {})}
+        return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options, inputs,
+                              material))
 
     def bench(self, deploy: Stage | None, model_stage: Stage) -> None:
         """With [bench] enabled: the artifact's server started from the deploy stage's launch config and

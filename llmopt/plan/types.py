@@ -19,7 +19,7 @@ from llmopt.recipe.load import LoadedRecipe
 @dataclass
 class Stage:
     name: str
-    kind: str  # source | compress | export | eval | gate | deploy | bench | tune | pinned | in_place
+    kind: str  # source | compress | draft | export | eval | gate | deploy | bench | tune | acceptance | pinned | in_place
     backend: str
     step: tuple  # where it is in the recipe: ("compress", 0)
     options: BaseModel
@@ -36,6 +36,8 @@ class Stage:
         """The backend that runs this stage: a recipe step's, or the stage kind's (``registry.stage_kind``)."""
         if self.kind in registry.KINDS:
             return registry.get(self.kind, self.backend)()
+        if self.kind == "draft":  # a [[draft]] step is a compress step on the draft's model
+            return registry.get("compress", self.backend)()
         return registry.stage_kind(self.kind, self.backend)
 
     def to_dict(self, cache: Cache) -> dict:

@@ -48,9 +48,12 @@ def json_schema() -> dict:
     for names in (root, defs["EvalItem"]):
         names["properties"]["name"]["pattern"] = NAME_PATTERN
     backends = registry.all_backends()
+    done = set()  # [[draft]] steps are [[compress]] steps: one table of both
     for section, key, kind, _ in BACKEND_SECTIONS:
         def_name = _ref_name(root["properties"][section])
-        defs[def_name] = _backend_table(defs[def_name], key, kind, backends[kind], defs)
+        if def_name not in done:
+            defs[def_name] = _backend_table(defs[def_name], key, kind, backends[kind], defs)
+            done.add(def_name)
     head = {"$schema": DRAFT, "title": root.pop("title"),
             "description": "An llmopt recipe (TOML), with the options of the backends installed when "
             "`llmopt schema` wrote it."}

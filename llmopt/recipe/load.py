@@ -35,6 +35,7 @@ else:  # pragma: no cover
 # (section in the recipe, field naming the backend, backend kind, is a list)
 BACKEND_SECTIONS = (
     ("compress", "method", "compress", True),
+    ("draft", "method", "compress", True),
     ("eval", "kind", "eval", True),
     ("export", "format", "export", False),
     ("serve", "backend", "serve", False),
@@ -162,7 +163,7 @@ def _backend_pass(data: dict, loaded: LoadedRecipe, bad_names: set[str]) -> list
     problems: list[Problem] = []
     from llmopt.recipe import schema
 
-    step_models = {"compress": schema.CompressStep, "eval": schema.EvalItem, "export": schema.ExportSection, "serve": schema.ServeSection}
+    step_models = {"compress": schema.CompressStep, "draft": schema.CompressStep, "eval": schema.EvalItem, "export": schema.ExportSection, "serve": schema.ServeSection}
     for section, name_key, kind, is_list in BACKEND_SECTIONS:
         raw = data.get(section)
         if raw is None:

@@ -347,6 +347,11 @@ class Recipe(Section):
     compress: list[CompressStep] = Field(
         default_factory=list, description="Compression steps, run in order (e.g. prune, then quantize)."
     )
+    draft: list[CompressStep] = Field(
+        default_factory=list, description="Steps that make a draft model from the source for [serve.speculative] "
+        "method = \"draft_model\", run in order as [[compress]] steps are (e.g. prune_depth, then distill, which the "
+        "source teaches): the artifact carries it in draft/, its launch config points the engine there, and the "
+        "draft's acceptance is measured against the served model (docs/deploy.md, \"A draft made by llmopt\").")
     export: ExportSection = Field(default_factory=ExportSection, description="Format of the artifact's model.")
     target: TargetSection = Field(default_factory=TargetSection, description="Hardware the artifact is served on.")
     compute: ComputeSection = Field(default_factory=ComputeSection,

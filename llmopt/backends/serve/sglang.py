@@ -221,7 +221,7 @@ def server_args(options: SglangOptions, planned: memory.MemoryPlan, recipe, info
         args["disable-radix-cache"] = True
     if recipe.model.trust_remote_code:
         args["trust-remote-code"] = True
-    args |= speculative.sglang_args(speculative.of(recipe.serve))
+    args |= speculative.sglang_args(speculative.spec_of(recipe))
     return extras.merge(args, canonical(options.extra_args), overrides(options))
 
 
@@ -295,7 +295,8 @@ class SglangServe(ServeBackend):
         dtype = inputs.model_dtype(recipe, info, ctx.gpu)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_bytes_dtype(options), info, dtype), "serve",
-                                     draft=inputs.draft_for(recipe, options, info, ctx.gpu))
+                                     draft=inputs.draft_for(recipe, options, info, ctx.gpu,
+                                                      inputs.draft_folder(ctx)))
         merged = server_args(options, planned, recipe, info, quant, dtype)
         extras.refuse(merged, "extra_args")
         args = merged.config

@@ -179,7 +179,7 @@ def engine_config(options: TrtllmOptions, planned: memory.MemoryPlan, recipe, dt
         config["moe_config"] = {"backend": options.moe_backend}
     if recipe.model.trust_remote_code:
         config["trust_remote_code"] = True
-    spec = speculative.trtllm_config(speculative.of(recipe.serve))
+    spec = speculative.trtllm_config(speculative.spec_of(recipe))
     if spec:
         config["speculative_config"] = spec
     return config
@@ -288,7 +288,8 @@ class TrtllmServe(ServeBackend):
         kv_dtype = trtllm_kv_dtype(options, quant)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", not options.cuda_graphs,
-                                     inputs.draft_for(recipe, options, info, ctx.gpu))
+                                     inputs.draft_for(recipe, options, info, ctx.gpu,
+                                                      inputs.draft_folder(ctx)))
         merged = merged_config(options, planned, recipe, dtype, kv_dtype)
         extras.refuse(merged, "extra")
         config = merged.config

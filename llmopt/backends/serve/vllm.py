@@ -20,6 +20,7 @@ leader/worker compose services, a LeaderWorkerSet).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Literal
 
 from pydantic import Field
@@ -245,7 +246,7 @@ def engine_config(options: VllmOptions, planned: memory.MemoryPlan, recipe, quan
         config["enforce-eager"] = True
     if recipe.model.trust_remote_code:
         config["trust-remote-code"] = True
-    spec = speculative.vllm_config(speculative.of(recipe.serve, options))
+    spec = speculative.vllm_config(speculative.spec_of(recipe, options))
     if spec:
         config["speculative-config"] = spec
     return config
@@ -322,13 +323,15 @@ class VllmServe(ServeBackend):
         kv_dtype = kv_cache_dtype(options, quant)
         planned = inputs.memory_plan(recipe.serve, recipe.target, info, ctx.gpu, options, weights, source,
                                      memory.kv_dtype_bytes(kv_dtype, info, dtype), "serve", options.enforce_eager,
-                                     inputs.draft_for(recipe, options, info, ctx.gpu))
+                                     inputs.draft_for(recipe, options, info, ctx.gpu,
+                                                      inputs.draft_folder(ctx)))
         merged = merged_config(options, planned, recipe, quant, dtype, kv_dtype, ctx.gpu)
         extras.refuse(merged, "extra_args")
         choice, bad = engine_choice(options)
         refuse_version(choice, bad)
         config = spelled(merged.config, choice.version)
         refuse_flags(choice, config, canonical(options.extra_args), choice.table_name)
+        drafted = own_draft_args(config)
         validation, choice = checked_config(choice, config, folder, model_dir, canonical(options.extra_args),
                                             f"{recipe.name}: `vllm serve <model> --config config.yaml`",
                                             inputs.summary(planned), inputs.limit_comments(planned, config, LIMITS,
@@ -339,7 +342,7 @@ class VllmServe(ServeBackend):
         launch = files.Launch("vllm", recipe.name, f"{options.image}:{versions.image_tag(options.tag, choice.version)}",
                               ["vllm", "serve"],
                               ["{model}", "--config", "{config}/config.yaml", "--host", "0.0.0.0",
-                               "--port", str(options.port)], options.port, gpus // planned.nodes, options,
+                               "--port", str(options.port), *drafted], options.port, gpus // planned.nodes, options,
                               # vLLM reads its key from VLLM_API_KEY (or --api-key) and leaves /health and
                               # /metrics open (vllm/entrypoints/openai/api_server.py, build_app)
                               user=IMAGE_USER, key_env="VLLM_API_KEY")
@@ -353,6 +356,17 @@ class VllmServe(ServeBackend):
                 "quantization": config.get("quantization"), "memory": planned.to_dict(),
                 "validated_by": validation["validated_by"],
                 "warnings": planned.warnings + ([choice.warning] if choice.warning else [])}
+
+
+def own_draft_args(config: dict) -> list[str]:
+    """The speculative config of a draft the artifact carries, taken out of ``config`` onto the command line:
+    its folder is known only where the command runs ({draft}, filled by the launch files); the rest of the JSON's
+    braces doubled for them."""
+    spec = config.get("speculative-config")
+    if not spec or spec.get("model") != speculative.OWN_DRAFT:
+        return []
+    text = json.dumps(config.pop("speculative-config")).replace("{", "{{").replace("}", "}}")
+    return ["--speculative-config", text.replace("{{draft}}", "{draft}")]
 
 
 def checked_config(choice: versions.Choice, config: dict, folder, model_dir, extra: dict, what: str, summary: str,
