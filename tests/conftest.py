@@ -458,3 +458,19 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     result = subprocess.CompletedProcess(["llmopt", "run", "recipes/quickstart.toml"], int(rc or -1),
                                          (root / "run.out").read_text(), (root / "run.err").read_text())
     return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result, proc)
+
+
+def onnx_to_checkpoint_perplexity(checkpoint: Path, onnx_folder: Path) -> float:
+    """An ONNX export's perplexity over its PyTorch checkpoint's on four 64-token windows of prose: 1 when the
+    export holds the checkpoint's weights."""
+    import math
+
+    from llmopt.runtimes.hf import TransformersRuntime
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    torch_model, onnx_model = TransformersRuntime(checkpoint), OnnxRuntime(onnx_folder)
+    ids = torch_model.encode((Path(__file__).parents[1] / "llmopt/data/prose_eval.txt").read_text()[:2000])
+    windows = [ids[i:i + 64] for i in range(0, 256, 64)]
+    a = sum(torch_model.nll(windows, [63] * 4))
+    b = sum(onnx_model.nll(windows, [63] * 4))
+    return math.exp(b / 252) / math.exp(a / 252)

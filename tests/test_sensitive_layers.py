@@ -4,14 +4,13 @@ data, keep 8-bit weights; the checkpoint carries both widths to the engines and 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from llmopt import api
 
-from conftest import tiny_recipe, write_recipe
+from conftest import onnx_to_checkpoint_perplexity, tiny_recipe, write_recipe
 
 pytest.importorskip("compressed_tensors")
 
@@ -108,9 +107,6 @@ def test_both_widths_reach_the_onnx_model_exactly(mixed_run):
     """The 8-bit groups become 8-bit MatMulNBits: the ONNX model scores as the PyTorch checkpoint."""
     import onnx
 
-    from llmopt.runtimes.hf import TransformersRuntime
-    from llmopt.runtimes.onnx import OnnxRuntime
-
     export = outputs(mixed_run, "export.onnx")
     kept = [name for unit in outputs(mixed_run, "compress.0.awq")["sensitive_layers"]["kept"] for name in unit]
     assert export["quantized_input"]["linears_8bit"] == len(kept)
@@ -120,12 +116,7 @@ def test_both_widths_reach_the_onnx_model_exactly(mixed_run):
     assert 8 in widths and 4 in widths
     plan = mixed_run.plan
     compressed = plan.cache.path(plan.stage("compress.0.awq").key) / "model"
-    torch_model, onnx_model = TransformersRuntime(compressed), OnnxRuntime(mixed_run.artifact / "model")
-    ids = torch_model.encode((Path(__file__).parents[1] / "llmopt/data/prose_eval.txt").read_text()[:2000])
-    windows = [ids[i:i + 64] for i in range(0, 256, 64)]
-    a = sum(torch_model.nll(windows, [63] * 4))
-    b = sum(onnx_model.nll(windows, [63] * 4))
-    assert abs(math.exp(b / 252) / math.exp(a / 252) - 1) < 2e-3
+    assert abs(onnx_to_checkpoint_perplexity(compressed, mixed_run.artifact / "model") - 1) < 2e-3
 
 
 def test_plan_counts_the_kept_bytes_and_refuses_an_8_bit_scheme(tmp_path, tiny_model):
