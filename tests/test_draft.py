@@ -101,6 +101,8 @@ def test_the_draft_is_made_measured_carried_and_named_by_vllm_s_launch(four_laye
     assert drafted["mean_acceptance_length"] == pytest.approx(1 + 3 * drafted["acceptance_rate"], abs=2e-3)
     assert drafted["draft_parameters"] < drafted["target_parameters"]
     assert any(name.startswith("draft/") for name in manifest["files"])
+    card = (art / "README.md").read_text()
+    assert f"acceptance rate {drafted['acceptance_rate']:.1%}" in card and "prune_depth, distill" in card
     config = (art / "deploy" / "vllm" / "config.yaml").read_text()
     assert "speculative-config" not in config  # its folder is known where the command runs
     launch = (art / "deploy" / "vllm" / "launch.sh").read_text()

@@ -354,6 +354,19 @@ def tables_note(manifest: dict) -> str:
     return f"; embedding table int{embed['bits']} GatherBlockQuantized, blocks of {embed['block_size']}{shared}"
 
 
+def draft_markdown(draft: dict, methods: list[str]) -> str:
+    """The card's section on the draft [[draft]] made and its acceptance (``llmopt.bench.acceptance``)."""
+    positions = ", ".join(f"{p:.0%}" for p in draft.get("per_position") or [])
+    return "\n".join([
+        "## Draft model for speculative decoding", "",
+        f"- made from the source by {', '.join(methods)}, in `draft/`: {draft['draft_parameters'] / 1e6:,.0f}M "
+        f"parameters against the served model's {draft['target_parameters'] / 1e6:,.0f}M",
+        f"- accepted by the served model, greedy, {draft['num_tokens']} tokens drafted a step ({draft['prompts']} "
+        f"prompts of {draft['dataset']}, {draft['answer_tokens']:,} answer tokens): acceptance rate "
+        f"{draft['acceptance_rate']:.1%}, mean acceptance length {draft['mean_acceptance_length']:.2f} (by draft "
+        f"position: {positions})", ""])
+
+
 def card(plan, manifest: dict, gates: list[dict]) -> str:
     recipe = plan.recipe.recipe
     steps = ", ".join(f"{s.method}" for s in recipe.compress) or "none"
@@ -379,6 +392,8 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
         "",
         markdown(recipe.name, gates),
     ]
+    if manifest.get("draft"):
+        lines.append(draft_markdown(manifest["draft"], [s.method for s in recipe.draft]))
     if manifest.get("bench"):
         lines.append(bench_markdown(manifest["bench"]).lstrip("\n"))
     if manifest.get("tune"):
