@@ -50,10 +50,11 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         folder = model_dir(plan, manifests[plan.final_model_stage.name])
         # only the cache's own files are linked: a source folder read in place is the user's, and is copied
         placed = place_tree(folder, tmp / "model", link=folder.resolve().is_relative_to(plan.cache.root.resolve()))
+        placed = {f"model/{name}": how for name, how in placed.items()}
         drafts = plan.kind("draft")
         if drafts:  # the draft the launch configs name as {draft}
             folder = model_dir(plan, manifests[drafts[-1].name])
-            placed |= {f"../draft/{name}": how for name, how in place_tree(folder, tmp / "draft", link=True).items()}
+            placed |= {f"draft/{name}": how for name, how in place_tree(folder, tmp / "draft").items()}
         deploy = place_deploy(plan, manifests, tmp)
         manifest = build_manifest(plan, manifests, gates, deploy)
         manifest["model_bytes"] = sum(p.stat().st_size for p in (tmp / "model").rglob("*") if p.is_file())
@@ -62,7 +63,7 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         manifest["tune"] = report.get("tune")  # the tune stage's verdict (None without one)
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
-        manifest["linked"] = sorted(os.path.normpath(f"model/{name}") for name, how in placed.items() if how == "link")
+        manifest["linked"] = sorted(name for name, how in placed.items() if how == "link")
         manifest["checksum"] = plan.recipe.recipe.output.checksum
         manifest["files"] = checksums(tmp, manifest["checksum"])
         write_json(tmp / "manifest.json", manifest)
