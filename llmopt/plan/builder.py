@@ -227,7 +227,6 @@ class _Builder:
         self.upstream: list[str] = []  # the compress methods so far
         self.identities: dict[str, dict | None] = {}  # endpoint URL -> what its server says it serves
         self.engine_model: Stage | None = None  # the model an engine loads (model_stages)
-        self.draft_info: ModelInfo | None = None  # the facts of the draft [[draft]] makes
 
     def ctx(self, step: tuple, **kw) -> PlanContext:
         return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
@@ -294,16 +293,14 @@ class _Builder:
         model_stage = source
         for index, step in enumerate(recipe.draft):
             model_stage = self.step("draft", index, step.method, model_stage, source)
-        self.draft_info = self.info
-        self.info, self.upstream = info, upstream
+        drafted, self.info, self.upstream = self.info, info, upstream  # the draft's facts; the target's again
         where = self.loaded.where("draft")
         if recipe.serve is None:
             self.problems.append(Problem("[[draft]] makes a draft model, but the recipe has no [serve] to speculate in",
                                          where, '[serve.speculative] method = "draft_model" serves it'))
-        if self.draft_info is not None and self.info is not None \
-                and self.draft_info.total_params >= self.info.total_params:
+        if drafted is not None and self.info is not None and drafted.total_params >= self.info.total_params:
             self.problems.append(Problem(
-                f"the draft [[draft]] makes ({self.draft_info.total_params / 1e6:,.0f}M parameters) is not smaller than "
+                f"the draft [[draft]] makes ({drafted.total_params / 1e6:,.0f}M parameters) is not smaller than "
                 f"the served model ({self.info.total_params / 1e6:,.0f}M): drafting would cost more than it saves",
                 where, "cut it with prune_depth or prune_width (a quantized copy has as many parameters)"))
         options = acceptance_options(self.loaded)
