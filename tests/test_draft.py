@@ -90,6 +90,8 @@ def test_the_draft_is_made_measured_carried_and_named_by_vllm_s_launch(four_laye
     assert plan.stage("draft.acceptance").inputs == {"draft": "draft.1.distill", "target": "source"}
     assert plan.stage("deploy.vllm").inputs == {"model": "source", "draft": "draft.1.distill"}
     assert plan.final_model_stage.name == "source"  # the draft is not the artifact's model
+    assert plan.estimates["draft"]["layers"] == 2
+    assert 0 < plan.estimates["draft"]["parameters"] < plan.estimates["parameters"]
     api.run(path, output_dir=tmp_path / "art")
     art = tmp_path / "art"
     assert json.loads((art / "draft" / "config.json").read_text())["num_hidden_layers"] == 2

@@ -60,6 +60,9 @@ def _show(console, the_plan) -> None:
         console.print(f"model folder: {human_size(est['model_bytes_before'])} -> {human_size(est['artifact_bytes'])} "
                       f"(weights {human_size(est['weight_bytes_before'])} -> {human_size(est['weight_bytes_after'])}; "
                       f"{est['parameters'] / 1e6:.0f}M parameters)")
+    if "draft" in est:
+        console.print(f"draft model: {est['draft']['layers']} layers, {est['draft']['parameters'] / 1e6:.0f}M "
+                      "parameters")
     if "calibration_memory_bytes" in est:
         console.print(f"calibration memory: ~{human_size(est['calibration_memory_bytes'])}")
     placed = est.get("compress_placement")

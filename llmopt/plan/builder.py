@@ -85,6 +85,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     plan.estimates = plan_estimates(plan, builder.info, builder.source_info) if scope == "run" else {}
     if placed is not None:
         plan.estimates["compress_placement"] = placed
+    if builder.draft_facts is not None:
+        plan.estimates["draft"] = builder.draft_facts
     return plan
 
 
@@ -227,6 +229,7 @@ class _Builder:
         self.upstream: list[str] = []  # the compress methods so far
         self.identities: dict[str, dict | None] = {}  # endpoint URL -> what its server says it serves
         self.engine_model: Stage | None = None  # the model an engine loads (model_stages)
+        self.draft_facts: dict | None = None  # the layers and parameters of the draft [[draft]] makes
 
     def ctx(self, step: tuple, **kw) -> PlanContext:
         return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
@@ -294,6 +297,8 @@ class _Builder:
         for index, step in enumerate(recipe.draft):
             model_stage = self.step("draft", index, step.method, model_stage, source)
         drafted, self.info, self.upstream = self.info, info, upstream  # the draft's facts; the target's again
+        if drafted is not None:
+            self.draft_facts = {"layers": drafted.num_layers, "parameters": drafted.total_params}
         where = self.loaded.where("draft")
         if recipe.serve is None:
             self.problems.append(Problem("[[draft]] makes a draft model, but the recipe has no [serve] to speculate in",
