@@ -67,7 +67,11 @@ def load_cuda_libraries() -> None:
 
 
 def scoring_threads() -> int:
-    """Threads for a CPU scoring session: the cores this process may run on."""
+    """Threads for a CPU scoring session: the cores this process may run on, or ``LLMOPT_CPU_THREADS`` (a busy
+    machine, where threads that wait for each other at every operation run slower than one)."""
+    wanted = os.environ.get("LLMOPT_CPU_THREADS")
+    if wanted:
+        return max(1, int(wanted))
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
