@@ -420,7 +420,7 @@ def start_quickstart_in_background(tmp_path_factory, seed: Path) -> None:
     root = tmp_path_factory.mktemp("quickstart")
     link_tree(seed, root / "cache")
     # one thread: at the lowest priority beside the tests, the threads of a parallel step wait for each other at
-    # every operation (a fresh clone's AWQ stage took 40 minutes at two threads, not four)
+    # every operation (a fresh clone's AWQ stage, two minutes alone, had done half its layers after 40 at two threads)
     env = dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache"), LLMOPT_CPU_THREADS="1", OMP_NUM_THREADS="1")
     _quickstart["root"] = root
     _quickstart["proc"] = in_background(["bash", "-c", quickstart_commands(root)], cwd=root, env=env,
