@@ -85,7 +85,7 @@ def prompt_ids(runtime, model_dir, item) -> list[int]:
             return runtime.encode(render_chat(runtime, model_dir, item.chat()), bos=False)
         except NoChatTemplate:
             pass
-    text = f"{item.system}\n\n{item.prompt}" if item.system and item.prompt else (item.prompt or item.chat()[-1]["content"])
+    text = item.plain() or item.chat()[-1]["content"]
     return runtime.encode(text, bos=runtime.adds_bos)
 
 

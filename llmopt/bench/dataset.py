@@ -57,6 +57,10 @@ class Item:
     def kind(self) -> str:
         return "chat" if self.messages is not None else "prompt"
 
+    def plain(self) -> str | None:
+        """A plain prompt as one text: its system prompt, a blank line, the prompt."""
+        return f"{self.system}\n\n{self.prompt}" if self.system and self.prompt else self.prompt
+
     def chat(self) -> list[dict]:
         """The messages a chat request carries."""
         if self.messages is not None:
@@ -255,8 +259,7 @@ def prepare(dataset: Dataset, endpoint: str, output_len: int, output_len_from: s
         if endpoint == "chat":
             request = Request(None, item.chat(), out, tok.count_chat(item.chat()))
         else:
-            text = tok.render(item.chat()) if item.messages is not None else (
-                f"{item.system}\n\n{item.prompt}" if item.system else item.prompt)
+            text = tok.render(item.chat()) if item.messages is not None else item.plain()
             request = Request(text, None, out, tok.count(text, special=True))
         if context and request.input_tokens is not None and request.input_tokens + out > context:
             too_long += 1
