@@ -83,7 +83,8 @@
 # GV_REQUESTS (128 a point), GV_C_<variant> and GV_N_<variant> (one variant's own points and requests, "-" as
 # "_": GV_C_fp8_8b=64,128), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
-# GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv).
+# GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv), GV_BENCH=0 (no bench of the
+# variants: their runs and GV_SERVED_EVAL only).
 set -u
 cmd=${1:?usage: gpu_vllm.sh pack | keep DIR... | start | run | wait SECONDS}; shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -263,6 +264,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       cp "$W/art/$v/manifest.json" "$W/runs/$v.manifest.json" 2>/dev/null  # the stages' outputs: the export's verify
       cp "$W/art/$v/deploy/vllm/launch.sh" "$W/runs/$v.launch.sh" 2>/dev/null
       ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
+      [ "${GV_BENCH:-1}" = 0 ] && continue  # accuracy only (GV_SERVED_EVAL), no bench
       conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
       [ "$v" = ortcuda ] && conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64}
       c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
