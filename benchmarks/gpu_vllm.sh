@@ -71,6 +71,9 @@
 # (benchmarks/served_eval.py; default recipes/quickstart.toml: its six evals and gates, against the bf16
 # source scored on the GPU in the same run). The variants awq-sens and gptq-sens are awq and gptq with
 # compress.0.sensitive_layers=GV_SENSITIVE (8): that many layer groups kept at 8 bits.
+# GV_CANDIDATE_EVAL="awq awq-sens" (no vLLM needed): after the variants, `llmopt eval GV_EVAL_RECIPE --candidate
+# ART` on each of those variants' artifacts, in process on the GPU (transformers), against the recipe's source.
+# With GV_BENCH=0 and parts packed without .gpu/v1 (vLLM), a lease measures accuracy only.
 # The variant `spec` is speculative decoding on text: for each of GV_SPEC_MODELS (fp8 bf16: the variants' recipes,
 # without evals), the artifact without speculation and with ngram speculation of each of GV_SPEC_NGRAM ("4 8")
 # tokens (the models after the first get its first value only), each served once by vLLM from its own
@@ -198,7 +201,7 @@ case $cmd in
     echo $! > "$W/driver.pid"; echo "started $!" ;;
 
   run)
-    mkdir -p "$W/runs" "$W/bench"
+    mkdir -p "$W/runs" "$W/bench" "$W/ceval"
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     say "join the parts"
     [ -d $K/site ] || cat $K/parts/part.* | tar -x -C $K || { say "the parts do not join"; touch "$W/done"; exit 1; }
@@ -283,6 +286,14 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
         > "$W/veval.log" 2>&1
       say "served eval: exit $? in $(( $(date +%s) - t )) s"
     fi
+    for v in ${GV_CANDIDATE_EVAL:-}; do  # a recipe's evals on these variants' checkpoints, in process (header)
+      [ -d "$W/art/$v" ] || continue
+      say "candidate eval: $v"
+      t=$(date +%s)
+      python3 -m llmopt eval "${GV_EVAL_RECIPE:-recipes/quickstart.toml}" --candidate "$W/art/$v" -o "$W/ceval/$v" \
+        --format json > "$W/ceval/$v.json" 2> "$W/ceval/$v.log"
+      say "candidate eval $v: exit $? in $(( $(date +%s) - t )) s"
+    done
     touch "$W/done"; say "done" ;;
 
   wait)  # up to $1 seconds for the run to end; then what is done goes to $OUT
@@ -296,7 +307,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl \
         sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json \
         spec.log spec/summary.json spec/*/points.jsonl spec/*/answers-*.jsonl spec/*/engine.log spec/*/*/bench.json \
-        veval.log veval/*.json veval/*/report/report.json veval/*/report/report.md veval/*/engine.log 2>/dev/null))
+        veval.log veval/*.json veval/*/report/report.json veval/*/report/report.md veval/*/engine.log \
+        ceval/*.json ceval/*.log ceval/*/report.json ceval/*/report.md 2>/dev/null))
     [ -d "$W/cache/tune" ] && (cd "$W" && tar -czf "$OUT/tune.tgz" --exclude=requests.jsonl cache/tune \
       $(ls -d tune.json tune.log tune 2>/dev/null))
     cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;
