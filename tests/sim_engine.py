@@ -15,7 +15,8 @@ depend on the tuned parameters:
 
 with the best values from ``LLMOPT_SIM_BEST`` (JSON: parameter -> value), so one setting is best and a
 search can be checked to find it. A memory fraction above ``LLMOPT_SIM_OOM_ABOVE`` exits at start-up as an
-engine out of memory does, and the settings of ``LLMOPT_SIM_HANG`` never answer. With speculative decoding in
+engine out of memory does, a draft model (vLLM's ``speculative-config`` ``model``) that is not a folder exits at
+start-up, and the settings of ``LLMOPT_SIM_HANG`` never answer. With speculative decoding in
 its settings (vLLM's ``speculative-config``, SGLang's ``speculative-algorithm``) it drafts ``k`` tokens per step of
 which a share ``LLMOPT_SIM_ACCEPTANCE`` (0.75) is accepted, and ``GET /metrics`` reports the engine's own
 Prometheus counters of that (vLLM's ``vllm:spec_decode_*``, SGLang's verify steps and output tokens).
@@ -232,6 +233,11 @@ def main(argv: list[str]) -> None:
     fraction = settings.get(FRACTIONS[engine])
     if limit and fraction is not None and float(fraction) > float(limit):
         print(f"torch.OutOfMemoryError: CUDA out of memory ({FRACTIONS[engine]} {fraction})", file=sys.stderr)
+        sys.exit(1)
+    spec = settings.get("speculative-config") if engine == "vllm" else None
+    spec = json.loads(spec) if isinstance(spec, str) else spec or {}
+    if spec.get("model") and not Path(spec["model"]).is_dir():  # a draft model the engine would have to load
+        print(f"OSError: draft model {spec['model']} is not a folder", file=sys.stderr)
         sys.exit(1)
     child = subprocess.Popen(["sleep", "600"])
     children = os.environ.get("LLMOPT_SIM_CHILDREN")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import make_tiny_llama, write_recipe
+from conftest import make_tiny_llama, run_cli, write_recipe
 from llmopt import api
 from llmopt.bench.acceptance import figures, walk
 from llmopt.errors import RecipeError
@@ -115,6 +117,58 @@ def test_the_draft_is_made_measured_carried_and_named_by_vllm_s_launch(four_laye
     compose = (art / "deploy" / "vllm" / "docker-compose.yaml").read_text()
     assert '/draft' in compose and "{draft}" not in compose
     assert "{draft}" not in (art / "deploy" / "vllm" / "kubernetes.yaml").read_text()
+
+
+def test_the_tune_stage_searches_num_tokens_of_the_artifact_s_own_draft(four_layer_model, tmp_path, monkeypatch,
+                                                                        isolated_cache):
+    """vLLM's speculative config of a draft the artifact carries is on the command line: the bench and tune stages
+    start the engine with the draft beside the model (the simulated engine exits when it is not a folder), the
+    search sets num_tokens there, and off removes it from launch.sh and the container manifests."""
+    from test_tune import nothing_left, put_sim
+
+    from llmopt.bench import engine
+    from llmopt.tune import spaces
+
+    children = put_sim(tmp_path, monkeypatch, ttft_ms=5, itl_ms=20)
+    tuned = DRAFT + ("\n[bench]\nenabled = true\nrequests = 4\nwarmup = 1\n\n"
+                     "[tune]\nenabled = true\nmax_trials = 3\nrepeats = 0\nlossless_prompts = 4\n")
+    path = write_recipe(tmp_path, draft_recipe(four_layer_model, 'backend = "vllm"\nslo = { ttft_p99_ms = 60000 }',
+                                               tuned))
+    art = tmp_path / "art"
+    try:
+        plan = api.plan(path, output_dir=art)
+        assert plan.stage("bench").inputs["draft"] == plan.stage("tune").inputs["draft"] == "draft.1.distill"
+        result = api.run(path, output_dir=art)
+        assert result.report["bench"]["points"][0]["requests"]["failed"] == 0  # started with its draft
+        tuning = json.loads((art / "reports" / "tune" / "tuning.json").read_text())
+        assert tuning["space"][spaces.SPECULATIVE] == [3, 0, 2, 4]
+        spec = tuning["speculation"]
+        assert spec["kept"] is True and spec["with"]["acceptance_rate"] == pytest.approx(0.75, abs=0.01)
+        assert spec["lossless"]["passed"]
+        kept = tuning["winner"][spaces.SPECULATIVE]
+        deploy = art / "deploy" / "vllm"
+        assert spaces.command_spec(deploy) == {"method": "draft_model", "num_speculative_tokens": kept,
+                                               "model": "./draft"}
+        assert "speculative-config" not in (deploy / "config.yaml").read_text()
+        for name in ("docker-compose.yaml", "kubernetes.yaml"):
+            assert f'"num_speculative_tokens": {kept}, "model": "/' in (deploy / name).read_text()
+        # an artifact's own tuning (llmopt tune ARTIFACT) reads its draft in place
+        res = run_cli("tune", str(art), "--max-trials", "2", "--repeats", "0", "-o", str(tmp_path / "again"))
+        assert res.returncode == 0, res.stderr
+        again = json.loads((tmp_path / "again" / "tuning.json").read_text())
+        assert all(t["verdict"] != "failed" for t in again["trials"])
+    finally:
+        engine.stop_leftovers(isolated_cache)
+    assert nothing_left(children, isolated_cache)
+    off = tmp_path / "off"
+    shutil.copytree(deploy, off)
+    assert spaces.read(off, next(p for p in spaces.space("vllm") if p.name == spaces.SPECULATIVE)) == kept
+    spaces.apply(off, "vllm", {spaces.SPECULATIVE: 0})
+    assert spaces.command_spec(off) is None
+    for name in ("launch.sh", "docker-compose.yaml", "kubernetes.yaml"):
+        text = (off / name).read_text()
+        assert "speculative-config" not in text and "\n\n    ports" not in text
+    assert yaml.safe_load((off / "kubernetes.yaml").read_text().split("---")[0]) is not None
 
 
 def test_sglang_s_launch_names_the_artifact_s_draft(four_layer_model, tmp_path):

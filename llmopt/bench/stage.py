@@ -154,14 +154,16 @@ class BenchStage(StageKind):
 
 
 def lay_out(target: Path, ctx: StageContext, engine: str) -> None:
-    """``target`` as an artifact: ``model/`` (a link to the final model), ``deploy/<engine>/`` (a copy of the
-    deploy stage's files, where launch.sh looks for them; none for an artifact without a launch config, which
-    ``llmopt serve`` serves) and a manifest.json naming the recipe and the model's format (what ``llmopt
-    serve`` reads)."""
+    """``target`` as an artifact: ``model/`` (a link to the final model), ``draft/`` (a link to the draft
+    [[draft]] made, which the launch config names), ``deploy/<engine>/`` (a copy of the deploy stage's files,
+    where launch.sh looks for them; none for an artifact without a launch config, which ``llmopt serve``
+    serves) and a manifest.json naming the recipe and the model's format (what ``llmopt serve`` reads)."""
     from llmopt.store.cache import write_json
 
     target.mkdir(parents=True)
     (target / "model").symlink_to(Path(ctx.model_dir).resolve(), target_is_directory=True)
+    if "draft" in ctx.inputs:
+        (target / "draft").symlink_to(ctx.input_model_dir("draft").resolve(), target_is_directory=True)
     if "deploy" in ctx.inputs:
         shutil.copytree(ctx.inputs["deploy"], target / "deploy" / engine, ignore=shutil.ignore_patterns("manifest.json"))
     model = ctx.input_manifests["model"]

@@ -62,8 +62,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
         builder.evals(source, target)
         builder.gate()
         deploy = builder.deploy(target, draft)
-        builder.bench(deploy, target)
-        builder.tune(deploy, target)
+        builder.bench(deploy, target, draft)
+        builder.tune(deploy, target, draft)
     else:
         target = builder.candidate(candidate, source)
         builder.evals(source, target, endpoint=endpoint if candidate is None else None,
@@ -125,15 +125,16 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
     builder = _Builder(loaded, problems, info, gpu, cache)
     model = builder.add(in_place_model(folder, manifest))
     deploy = builder.add(in_place_deploy(deploy_dir, serve.backend)) if launchable else None
+    draft = builder.add(in_place_draft(folder, manifest)) if (folder / "draft" / "config.json").is_file() else None
     if scope == "tune":
-        builder.tune(deploy, model)
+        builder.tune(deploy, model, draft)
     else:
         from llmopt.bench.stage import artifact_bench_options, dataset_facts
 
         options = artifact_bench_options(loaded.recipe, bench or {})
         problems += dataset_facts(loaded, options.workload)[0]
-        inputs = {"model": model.name, **({"deploy": deploy.name} if deploy is not None else {})}
-        builder.add(Stage("bench", "bench", options.engine, ("bench",), options, inputs, volatile=True))
+        builder.add(Stage("bench", "bench", options.engine, ("bench",), options, served_inputs(model, deploy, draft),
+                          volatile=True))
     assign_keys(builder.stages)
     return Plan(loaded, builder.stages, problems, info, gpu, {}, cache, out, scope)
 
@@ -204,6 +205,14 @@ def in_place_model(folder: Path, manifest: dict) -> Stage:
     options = InPlace(folder=str(folder / "model"), outputs=outputs)
     return Stage("model", "in_place", outputs.get("format", "hf"), ("model",), options,
                  pinned=stage_key({"in_place": "model", "files": files}))
+
+
+def in_place_draft(folder: Path, manifest: dict) -> Stage:
+    """The artifact's ``draft/`` (the draft model [[draft]] made, which its launch config names) as a stage read
+    in place, keyed on the checksums the manifest records for its files."""
+    files = {k: v for k, v in (manifest.get("files") or {}).items() if k.startswith("draft/")}
+    options = InPlace(folder=str(folder / "draft"), outputs={"format": "hf", "model_dir": str(folder / "draft")})
+    return Stage("draft", "in_place", "hf", ("draft",), options, pinned=stage_key({"in_place": "draft", "files": files}))
 
 
 def in_place_deploy(deploy_dir: Path, engine: str) -> Stage:
@@ -401,7 +410,7 @@ class _Builder:
         return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options, inputs,
                               material))
 
-    def bench(self, deploy: Stage | None, model_stage: Stage) -> None:
+    def bench(self, deploy: Stage | None, model_stage: Stage, draft: Stage | None = None) -> None:
         """With [bench] enabled: the artifact's server started from the deploy stage's launch config and
         measured (``llmopt.bench.stage``); no [serve] section, or an engine not installed here, is an error."""
         if not self.loaded.recipe.bench.enabled:
@@ -416,9 +425,9 @@ class _Builder:
         found, material = dataset_facts(self.loaded, options.workload)
         self.problems += found
         self.add(Stage("bench", "bench", deploy.backend, ("bench",), options,
-                       {"model": model_stage.name, "deploy": deploy.name}, material))
+                       served_inputs(model_stage, deploy, draft), material))
 
-    def tune(self, deploy: Stage | None, model_stage: Stage) -> None:
+    def tune(self, deploy: Stage | None, model_stage: Stage, draft: Stage | None = None) -> None:
         """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``),
         after the bench stage; keyed on whether the engine can start here, since without it the prediction stays."""
         if not self.loaded.recipe.tune.enabled:
@@ -435,8 +444,15 @@ class _Builder:
         found, material = dataset_facts(self.loaded, options.workload)
         self.problems += found
         self.add(Stage("tune", "tune", deploy.backend, ("tune",), options,
-                       {"model": model_stage.name, "deploy": deploy.name},
+                       served_inputs(model_stage, deploy, draft),
                        {"engine_available": engine_available(options.engine), **material}))
+
+
+def served_inputs(model: Stage, deploy: Stage | None, draft: Stage | None) -> dict[str, str]:
+    """The inputs of a stage that starts the engine: the model, the launch config and the draft the launch
+    config names (a recipe's own, [[draft]])."""
+    return {"model": model.name, **({"deploy": deploy.name} if deploy is not None else {}),
+            **({"draft": draft.name} if draft is not None else {})}
 
 
 def served_options(options, url: str, item):

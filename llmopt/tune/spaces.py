@@ -35,7 +35,8 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   speculative config removed), one fewer and one more. It comes first in the grid: its effect is the largest, and
   the batch sizes that suit a step of k + 1 tokens a sequence differ from those of one. ``llmopt.tune.speculation``
   says why it must also earn its place. SGLang's speculation is not searched (its options are command-line flags
-  that a trial would have to remove from launch.sh and the manifests).
+  that a trial would have to remove from launch.sh and the manifests). A draft the artifact carries ([[draft]])
+  has vLLM's speculative config on the command line (``--speculative-config``), where it is searched the same way.
 
 Worker processes and ONNX Runtime's threads split the same cores, so they are not searched apart: a trial
 of ``parallel`` = N runs each worker with cores // N intra-op threads (``shares``), and the threads are
@@ -202,7 +203,8 @@ def read(folder: Path, param: Param) -> Any:
     doc = _load(path, param.where)
     for part in param.key.split("."):
         if not isinstance(doc, dict) or part not in doc:
-            return None
+            spec = command_spec(folder) if param.grows == "speculative" else None
+            return spec.get(param.key.split(".")[-1]) if spec else None
         doc = doc[part]
     return doc
 
@@ -219,6 +221,9 @@ def apply(folder: Path, engine: str, values: dict[str, Any], note: str = "") -> 
                 args += [param.key, str(value)]
             continue
         path = folder / param.file
+        if param.grows == "speculative" and command_spec(folder) is not None:  # a draft the artifact carries
+            set_command_spec(folder, param.key.split(".")[-1], value)
+            continue
         if param.grows == "speculative" and not value:  # off: the engine's speculative config removed
             path.write_text(drop_yaml(path.read_text(), param.key.split(".")[0]))
             continue
@@ -260,6 +265,40 @@ def set_flag(text: str, flag: str, value: str) -> str:
             lines[i + 1] = f"{indent}- '{value}'"
     out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
     return re.sub(rf"(?<=\s){re.escape(flag)}(=|[ \t]+)'?[^\s'\"]+'?", lambda m: f"{flag}{m.group(1)}{value}", out)
+
+
+# vLLM's speculative config on the command line, where it names a draft the artifact carries (its folder is known
+# only where the command runs: llmopt.backends.serve.vllm.own_draft_args): in launch.sh's exec line, and as two
+# items of a YAML list of arguments in docker-compose.yaml and kubernetes.yaml
+COMMAND_SPEC = "--speculative-config"
+SPEC_IN_SHELL = re.compile(r"(?P<lead>[ \t]+)--speculative-config[ \t]+'(?P<json>\{[^'\n]*\})'")
+SPEC_IN_LIST = re.compile(r"^(?P<lead>[ \t]*- )--speculative-config\n(?P<item>[ \t]*- )'(?P<json>\{[^'\n]*\})'\n",
+                          re.M)
+
+
+def command_spec(folder: Path) -> dict | None:
+    """The speculative config on launch.sh's command line, or None."""
+    path = folder / "launch.sh"
+    argv = shlex.split(exec_line(path.read_text())) if path.is_file() else []
+    return json.loads(argv[argv.index(COMMAND_SPEC) + 1]) if COMMAND_SPEC in argv[:-1] else None
+
+
+def set_command_spec(folder: Path, key: str, value: Any) -> None:
+    """The command line's speculative config with ``key`` set to ``value`` (0: the option removed, speculation
+    off), in launch.sh and the container manifests."""
+    def edited(match: re.Match, form: str) -> str:
+        if not value:
+            return ""
+        spec = json.loads(match["json"]) | {key: value}
+        if form == "shell":
+            return f"{match['lead']}{COMMAND_SPEC} {shlex.quote(json.dumps(spec))}"
+        return f"{match['lead']}{COMMAND_SPEC}\n{match['item']}'{json.dumps(spec)}'\n"
+
+    for name in ("launch.sh", "docker-compose.yaml", "kubernetes.yaml"):
+        path = folder / name
+        if path.is_file():
+            text = SPEC_IN_LIST.sub(lambda m: edited(m, "list"), path.read_text())
+            path.write_text(SPEC_IN_SHELL.sub(lambda m: edited(m, "shell"), text))
 
 
 def exec_line(script: str) -> str:
@@ -361,9 +400,11 @@ def require_space(engine: str) -> tuple[Param, ...]:
     return found
 
 
-def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict) -> Path:
-    """A folder laid out as an artifact for one trial: ``model/`` (a link), ``deploy/<engine>/`` with ``values``
-    written in, and ``manifest.json``."""
+def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, manifest: dict, values: dict,
+                 draft_dir: Path | None = None) -> Path:
+    """A folder laid out as an artifact for one trial: ``model/`` (a link), ``draft/`` (a link, where the launch
+    config names a draft the artifact carries), ``deploy/<engine>/`` with ``values`` written in, and
+    ``manifest.json``."""
     import shutil
 
     from llmopt.store.cache import write_json
@@ -372,6 +413,8 @@ def trial_target(root: Path, model_dir: Path, deploy_dir: Path, engine: str, man
         shutil.rmtree(root)
     root.mkdir(parents=True)
     (root / "model").symlink_to(Path(model_dir).resolve(), target_is_directory=True)
+    if draft_dir is not None:
+        (root / "draft").symlink_to(Path(draft_dir).resolve(), target_is_directory=True)
     folder = root / "deploy" / engine
     shutil.copytree(deploy_dir, folder, ignore=shutil.ignore_patterns("manifest.json"))
     apply(folder, engine, values)

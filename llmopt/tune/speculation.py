@@ -123,14 +123,14 @@ def ask(url: str, body: bytes, timeout_s: float) -> str:
 
 
 def answers(options, values: dict, model_dir: Path, deploy_dir: Path, manifest: dict, cache_root: Path,
-            folder: Path, say) -> list[str]:
+            folder: Path, say, draft_dir: Path | None = None) -> list[str]:
     """The greedy answers of the launch config with ``values`` to the workload's first prompts, one at a time."""
     from llmopt.bench import engine, runner, split, workload as wl
     from llmopt.bench.options import BenchOptions
     from llmopt.server.model import locate, model_limits
     from llmopt.tune.spaces import trial_target
 
-    target = trial_target(folder / "target", model_dir, deploy_dir, options.engine, manifest, values)
+    target = trial_target(folder / "target", model_dir, deploy_dir, options.engine, manifest, values, draft_dir)
     bench = BenchOptions(engine=options.engine, startup_timeout_s=options.startup_timeout_s)
     port = engine.free_port()
     launch = engine.plan_launch(target, options.engine, port)

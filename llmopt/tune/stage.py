@@ -90,7 +90,7 @@ def plan_problems(loaded) -> list[Problem]:
 
 
 def measurer(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest: dict, cache_root: Path,
-             scratch: Path, say):
+             scratch: Path, say, draft_dir: Path | None = None):
     """measure(values, out_dir): one trial on the live engine, its server always stopped."""
     from llmopt.bench.options import BenchOptions
     from llmopt.bench.runner import run_bench
@@ -100,7 +100,8 @@ def measurer(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manif
                          plots=False, startup_timeout_s=options.startup_timeout_s)
 
     def measure(values: dict, out_dir: Path) -> dict:
-        target = spaces.trial_target(scratch / "target", model_dir, deploy_dir, options.engine, manifest, values)
+        target = spaces.trial_target(scratch / "target", model_dir, deploy_dir, options.engine, manifest, values,
+                                     draft_dir)
         if out_dir.exists():
             shutil.rmtree(out_dir)  # a trial killed half-way: measured again
         try:
@@ -112,9 +113,9 @@ def measurer(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manif
 
 
 def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest: dict, cache_root: Path,
-         store_root: Path, out_dir: Path, say) -> dict:
+         store_root: Path, out_dir: Path, say, draft_dir: Path | None = None) -> dict:
     """The search for ``deploy_dir``'s engine, then tuning.json, the winner's ``deploy/`` and the plot in
-    ``out_dir``; returns tuning.json's content."""
+    ``out_dir``; returns tuning.json's content. ``draft_dir``: the draft the launch config names ([[draft]])."""
     from llmopt.tune import report, spaces
     from llmopt.tune.search import Budget, Search, TrialStore
 
@@ -125,7 +126,7 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
         return report.write(result, options, deploy_dir, out_dir)
     grid = spaces.grid(options.engine, deploy_dir, options.workload.concurrency, options.space)
     store = TrialStore(store_root)
-    measure = measurer(options, model_dir, deploy_dir, manifest, cache_root, store.root, say)
+    measure = measurer(options, model_dir, deploy_dir, manifest, cache_root, store.root, say, draft_dir)
     budget = Budget(options.max_trials, options.max_minutes, options.repeats)
     search = Search(grid, measure, store, budget, goodput=any(v is not None for v in options.slo.model_dump().values()),
                     say=say, follow=spaces.follow(options.engine, grid), earn={spaces.SPECULATIVE: 0})
@@ -133,12 +134,13 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
     if not any(t["verdict"] != "failed" for t in result["trials"]):
         result |= {"tuned": False, "reason": "no trial's server started: the launch config stays the prediction"}
     elif spaces.SPECULATIVE in grid:
-        result["speculation"] = speculated(options, result, model_dir, deploy_dir, manifest, cache_root, store, say)
+        result["speculation"] = speculated(options, result, model_dir, deploy_dir, manifest, cache_root, store, say,
+                                           draft_dir)
     return report.write(result, options, deploy_dir, out_dir)
 
 
 def speculated(options: TuneStageOptions, result: dict, model_dir: Path, deploy_dir: Path, manifest: dict,
-               cache_root: Path, store, say) -> dict:
+               cache_root: Path, store, say, draft_dir: Path | None = None) -> dict:
     """Speculation's measured effect, and the lossless check (which raises StageFailed when it fails)."""
     from llmopt.tune import spaces, speculation
 
@@ -146,7 +148,8 @@ def speculated(options: TuneStageOptions, result: dict, model_dir: Path, deploy_
     out = speculation.effect(result, name, options.workload.concurrency)
     if options.lossless_prompts:
         def run_answers(values: dict, folder: Path) -> list[str]:
-            return speculation.answers(options, values, model_dir, deploy_dir, manifest, cache_root, folder, say)
+            return speculation.answers(options, values, model_dir, deploy_dir, manifest, cache_root, folder, say,
+                                       draft_dir)
 
         out["lossless"] = speculation.check(options, result["winner"], name, out["configured"], run_answers, store,
                                             say)
@@ -169,6 +172,7 @@ class TuneStage(StageKind):
         manifest = {"recipe": {"name": ctx.recipe.recipe.name, "resolved": ctx.recipe.recipe.model_dump(mode="json")},
                     "stages": [{"name": model.get("stage"), "outputs": model.get("outputs") or {}}]}
         store = Path(ctx.cache_root) / "tune" / ctx.out_dir.name.split(".")[0]
+        draft = ctx.input_model_dir("draft") if "draft" in ctx.inputs else None
         result = tune(options, Path(ctx.model_dir), Path(ctx.inputs["deploy"]), manifest, Path(ctx.cache_root), store,
-                      ctx.out_dir, ctx.progress)
+                      ctx.out_dir, ctx.progress, draft)
         return report.outputs(result)
