@@ -36,12 +36,24 @@ def tune_recipe(folder: Path, model: Path, backend: str = "vllm", trials: int = 
 
 
 def put_sim(tmp_path: Path, monkeypatch, engine_name: str = "vllm", best: dict | None = None, **env) -> Path:
-    """The simulator as ``vllm`` / ``trtllm-serve`` on PATH; returns the folder where it records its children."""
+    """The simulator as ``vllm`` / ``trtllm-serve`` on PATH, or as the module ``sglang.launch_server`` of the
+    ``python3`` on PATH; returns the folder where it records its children."""
     bin_dir, children = tmp_path / "bin", tmp_path / "children"
     bin_dir.mkdir(exist_ok=True)
-    command = {"vllm": "vllm", "trtllm": "trtllm-serve"}[engine_name]
-    (bin_dir / command).write_text(f"#!/bin/sh\nexec {sys.executable} {SIM} {engine_name} \"$@\"\n")
-    (bin_dir / command).chmod(0o755)
+    if engine_name == "sglang":  # launch.sh runs `python3 -m sglang.launch_server`
+        package = tmp_path / "sim-site" / "sglang"
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+        (package / "launch_server.py").write_text(
+            f"import sys\nsys.path.insert(0, {str(SIM.parent)!r})\nfrom sim_engine import main\n"
+            "main(['sglang', *sys.argv[1:]])\n")
+        (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+        (bin_dir / "python3").chmod(0o755)
+        monkeypatch.setenv("PYTHONPATH", str(package.parent))
+    else:
+        command = {"vllm": "vllm", "trtllm": "trtllm-serve"}[engine_name]
+        (bin_dir / command).write_text(f"#!/bin/sh\nexec {sys.executable} {SIM} {engine_name} \"$@\"\n")
+        (bin_dir / command).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("LLMOPT_SIM_CHILDREN", str(children))
     monkeypatch.setenv("LLMOPT_SIM_BEST", json.dumps(best or {}))

@@ -9,6 +9,7 @@ the lossless check passes, then fails the stage (exit 1). No test asserts a timi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_speculation_candidates_are_off_and_the_neighbours_of_num_tokens():
     assert spaces.candidates(param, 3, 1) == [3, 0, 2, 4]
     assert spaces.candidates(param, 1, 1) == [1, 0, 2] and spaces.candidates(param, 16, 1) == [16, 0, 15]
     assert spaces.candidates(param, None, 1) == []  # no [serve.speculative]: not searched
-    assert spaces.SPECULATIVE not in [p.name for p in spaces.space("sglang")]
+    assert spaces.SPECULATIVE not in [p.name for p in spaces.space("ort")]  # llmopt serve does not speculate
 
 
 @pytest.mark.parametrize("engine_name, block, key", [("vllm", "speculative-config", "num_speculative_tokens"),
@@ -168,10 +169,41 @@ def test_answers_changed_by_speculation_fail_the_stage(tmp_path, tiny_model, mon
     assert nothing_left(children, isolated_cache)
 
 
-def test_sglang_speculation_is_said_not_to_be_tuned(tmp_path, tiny_model):
+def test_sglang_speculation_is_searched_on_its_command_line(tmp_path, tiny_model, monkeypatch, isolated_cache):
+    """SGLang's speculation is flags: the search sets --speculative-num-draft-tokens (tokens + 1) in launch.sh and
+    the container manifests, and off removes every --speculative-* option from all three."""
     res = run_cli("plan", str(spec_recipe(tmp_path, tiny_model, 1, backend="sglang")))
     assert res.returncode == 0, res.stderr
-    assert "[tune] does not search sglang's speculative decoding" in res.stdout + res.stderr
+    assert "does not search" not in res.stdout + res.stderr
+    children = put_sim(tmp_path, monkeypatch, "sglang", **FAST)
+    art = tmp_path / "art"
+    api.run(spec_recipe(tmp_path, tiny_model, 1, backend="sglang"), output_dir=art)
+    tuning = tuning_of(art)
+    assert tuning["space"][spaces.SPECULATIVE] == [3, 0, 2, 4]
+    spec = tuning["speculation"]
+    kept = tuning["winner"][spaces.SPECULATIVE]
+    assert spec["kept"] is True and kept in (2, 3) and spec["lossless"]["passed"]
+    assert spec["with"]["acceptance_rate"] == pytest.approx(0.75, abs=0.01)  # SGLang's own counters
+    deploy = art / "deploy" / "sglang"
+    compose = next(iter(yaml.safe_load((deploy / "docker-compose.yaml").read_text())["services"].values()))
+    k8s = next(yaml.safe_load_all((deploy / "kubernetes.yaml").read_text()))["spec"]["template"]["spec"]
+    launch = spaces.exec_line((deploy / "launch.sh").read_text()).split()
+    for argv in (launch, compose["command"], k8s["containers"][0]["args"]):
+        assert argv[argv.index("--speculative-num-draft-tokens") + 1].strip("'") == str(kept + 1)
+        assert argv[argv.index("--speculative-algorithm") + 1] == "NGRAM"
+    param = next(p for p in spaces.space("sglang") if p.name == spaces.SPECULATIVE)
+    assert spaces.read(deploy, param) == kept
+    assert nothing_left(children, isolated_cache)
+    off = tmp_path / "off"
+    shutil.copytree(deploy, off)
+    spaces.apply(off, "sglang", {spaces.SPECULATIVE: 0})
+    compose = next(iter(yaml.safe_load((off / "docker-compose.yaml").read_text())["services"].values()))
+    k8s = next(yaml.safe_load_all((off / "kubernetes.yaml").read_text()))["spec"]["template"]["spec"]
+    launch = spaces.exec_line((off / "launch.sh").read_text()).split()
+    for argv in (launch, compose["command"], k8s["containers"][0]["args"]):
+        assert not [a for a in argv if a.startswith("--speculative")] and "--enable-metrics" in argv
+        assert argv[argv.index("--chunked-prefill-size") + 1].strip("'") == "8192"
+    assert spaces.read(off, param) is None
 
 
 def test_trtllm_speculation_is_searched_in_its_speculative_config(tmp_path, tiny_model, monkeypatch, isolated_cache):

@@ -34,9 +34,10 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   for every engine): the prediction (the recipe's ``num_tokens``), 0 (speculation off: the engine's whole
   speculative config removed), one fewer and one more. It comes first in the grid: its effect is the largest, and
   the batch sizes that suit a step of k + 1 tokens a sequence differ from those of one. ``llmopt.tune.speculation``
-  says why it must also earn its place. SGLang's speculation is not searched (its options are command-line flags
-  that a trial would have to remove from launch.sh and the manifests). A draft the artifact carries ([[draft]])
-  has vLLM's speculative config on the command line (``--speculative-config``), where it is searched the same way.
+  says why it must also earn its place. SGLang's is on the command line: ``--speculative-num-draft-tokens`` (the
+  drafted tokens plus one) and ``--speculative-num-steps`` set in launch.sh and the container manifests, every
+  ``--speculative-*`` option removed for off. A draft the artifact carries ([[draft]]) has vLLM's speculative
+  config on the command line too (``--speculative-config``), where it is searched the same way.
 
 Worker processes and ONNX Runtime's threads split the same cores, so they are not searched apart: a trial
 of ``parallel`` = N runs each worker with cores // N intra-op threads (``shares``), and the threads are
@@ -76,6 +77,7 @@ class Param:
     default: Any = None  # the engine's own value when the config leaves it out (None: leave it out)
     shares: str | None = None  # a parameter that splits the cores with this one: it moves to cores // this
     excludes: str | None = None  # a parameter that must be at its default while this one is not at its own
+    offset: int = 0  # the file holds the value plus this (SGLang's draft tokens: the drafted ones plus one)
 
 
 VLLM, TRTLLM = ENGINE_DEFAULTS["vllm"], ENGINE_DEFAULTS["trtllm"]  # the pinned engines' own defaults
@@ -95,7 +97,8 @@ SPACES: dict[str, tuple[Param, ...]] = {
                Param(SPECULATIVE, "yaml", "config.yaml", "speculative_config.max_draft_len", "speculative")),
     "sglang": (Param("max-running-requests", "arg", "launch.sh", "--max-running-requests", "seqs"),
                Param("chunked-prefill-size", "arg", "launch.sh", "--chunked-prefill-size", "size"),
-               Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction")),
+               Param("mem-fraction-static", "arg", "launch.sh", "--mem-fraction-static", "fraction"),
+               Param(SPECULATIVE, "arg", "launch.sh", "--speculative-num-draft-tokens", "speculative", offset=1)),
     "ort": (Param("parallel", "arg", "launch.sh", "--parallel", "slots", 1, shares="intra_op_num_threads",
                   excludes="max-num-seqs"),
             Param("intra_op_num_threads", "json", "genai_config.json",
@@ -199,7 +202,8 @@ def read(folder: Path, param: Param) -> Any:
         return None
     if param.where == "arg":
         found = re.findall(rf"(?:^|\s){re.escape(param.key)}(?:=|\s+)(\S+)", exec_line(path.read_text()))
-        return _number(shlex.split(found[-1])[0]) if found else None
+        value = _number(shlex.split(found[-1])[0]) if found else None
+        return value - param.offset if param.offset and isinstance(value, int) else value
     doc = _load(path, param.where)
     for part in param.key.split("."):
         if not isinstance(doc, dict) or part not in doc:
@@ -216,6 +220,9 @@ def apply(folder: Path, engine: str, values: dict[str, Any], note: str = "") -> 
     args = []
     for name, value in values.items():
         param = params[name]
+        if param.where == "arg" and param.grows == "speculative":
+            set_speculative_flags(folder, param, value)
+            continue
         if param.where == "arg":
             if value is not None:
                 args += [param.key, str(value)]
@@ -299,6 +306,31 @@ def set_command_spec(folder: Path, key: str, value: Any) -> None:
         if path.is_file():
             text = SPEC_IN_LIST.sub(lambda m: edited(m, "list"), path.read_text())
             path.write_text(SPEC_IN_SHELL.sub(lambda m: edited(m, "shell"), text))
+
+
+# an engine's speculative options on its command line (SGLang's --speculative-*): a flag and, unless the next
+# word is a flag, its value; in launch.sh's exec line, and as items of a YAML list of arguments
+FLAG_IN_SHELL = r"[ \t]+{flag}(?:[ \t]+(?!--)(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+))?(?=\s)"
+FLAG_IN_LIST = r"^[ \t]*- {flag}\n(?:[ \t]*- (?!--)[^\n]*\n)?"
+
+
+def set_speculative_flags(folder: Path, param: Param, value: Any) -> None:
+    """SGLang's speculation at ``value`` tokens drafted a step, in launch.sh and the container manifests:
+    ``param``'s flag at value + its offset and ``--speculative-num-steps`` (where the config has it) at value;
+    0 removes every ``--speculative-*`` option (speculation off)."""
+    flag = r"--speculative-[\w-]+"
+    for name in ("launch.sh", "docker-compose.yaml", "kubernetes.yaml"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        if not value:
+            text = re.sub(FLAG_IN_LIST.format(flag=flag), "", text, flags=re.M)
+            text = re.sub(FLAG_IN_SHELL.format(flag=flag), "", text)
+        else:
+            text = set_flag(set_flag(text, param.key, str(int(value) + param.offset)), "--speculative-num-steps",
+                            str(int(value)))
+        path.write_text(text)
 
 
 def exec_line(script: str) -> str:

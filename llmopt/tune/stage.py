@@ -13,8 +13,8 @@ and whether the engine is installed here. Trials are kept in ``<cache>/tune/<key
 stage's temporary folder, which a killed run loses), so a killed search resumes. An engine that is not
 installed here leaves the prediction in place, and tuning.json says why.
 
-Where ``[serve.speculative]`` is configured (vLLM, TensorRT-LLM), speculation is a parameter of the search that
-must earn its place, and after the search the lossless check compares greedy answers with and without it
+Where ``[serve.speculative]`` is configured (vLLM, SGLang, TensorRT-LLM), speculation is a parameter of the search
+that must earn its place, and after the search the lossless check compares greedy answers with and without it
 (``llmopt.tune.speculation``): answers that differ beyond engine numerics fail the stage.
 """
 
@@ -81,7 +81,7 @@ def plan_problems(loaded) -> list[Problem]:
         found.append(Problem(f"[tune] does not search {name}'s speculative decoding: [serve.speculative] stays as the "
                              "recipe says, neither measured against no speculation nor checked for lossless answers",
                              loaded.where("serve", "speculative"), "measure it with llmopt bench (acceptance per "
-                             "load point), or serve with vllm or trtllm to tune it", severity="warning"))
+                             "load point), or serve with vllm, sglang or trtllm to tune it", severity="warning"))
     if not engine_available(name):
         found.append(Problem(f"[tune] cannot start {name} on this machine (not installed): the launch config stays "
                              "the prediction, and tuning.json says so", where,
