@@ -111,6 +111,9 @@ class CompressBackend(Backend):
     quantizes: ClassVar[bool] = False  # one quantization step a recipe, after any pruning
     prunes: ClassVar[bool] = False  # needs unquantized weights: comes before any quantization step
     teacher: ClassVar[bool] = False  # the planner hands it the source stage as the input "teacher"
+    # on a CPU, computes in float32 and saves in the recipe's dtype: bfloat16 matrix products run about 8x slower
+    # than float32 on a CPU without native bfloat16 (AVX2 only), and a calibrating method is mostly products
+    cpu_float32: ClassVar[bool] = False
 
     @abstractmethod
     def produces(self, options) -> Any:

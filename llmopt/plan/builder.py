@@ -283,6 +283,8 @@ class _Builder:
         if isinstance(data, str):  # a step's own training text, hashed like calibration data
             stage.material["data_sha256"] = datasets.digest(data, loaded.path.parent)
         self.problems += impl.check(options, self.ctx((section, index)))
+        if impl.cpu_float32:  # what it computes in on a CPU, which the stage's numbers follow
+            stage.material["cpu_compute_dtype"] = "float32"
         if impl.calibrates:
             stage.material["calibration"] = recipe.calibration.model_dump(mode="json")
             stage.material["calibration_sha256"] = datasets.digest(recipe.calibration.data, loaded.path.parent)

@@ -49,7 +49,9 @@ class ModelSection(Section):
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="Precision the model is loaded in before compression."
+        "bfloat16", description="Precision the model is loaded in before compression, and its unquantized tensors "
+        "are saved in. On a CPU, awq, gptq and int8_sq compute in float32 and save in this dtype: 16-bit matrix "
+        "products are several times slower there without native bfloat16."
     )
     trust_remote_code: bool = Field(
         False, description="Run Python code shipped with the model. Off by default: enable only for sources you trust."

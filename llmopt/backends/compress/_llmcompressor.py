@@ -93,14 +93,15 @@ def load_tokenizer(ctx):
                                                       trust_remote_code=ctx.recipe.recipe.model.trust_remote_code)
 
 
-def load_model(ctx, device: str, placement: str = "gpu"):
+def load_model(ctx, device: str, placement: str = "gpu", dtype: str | None = None):
     """A fresh copy of the upstream model in the recipe's dtype, held as the plan placed it
     (``llmopt.model.placement``): gpu moves it whole to the GPU, onload leaves it in host memory for the library
     to onload layer by layer, multi_gpu spreads it over the GPUs with a device map."""
     transformers = require("transformers", "torch", ctx.name)
     kwargs = {"device_map": "auto"} if placement == "multi_gpu" else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        ctx.model_dir, dtype=ctx.recipe.recipe.model.dtype, trust_remote_code=ctx.recipe.recipe.model.trust_remote_code,
+        ctx.model_dir, dtype=dtype or ctx.recipe.recipe.model.dtype,
+        trust_remote_code=ctx.recipe.recipe.model.trust_remote_code,
         **kwargs)
     if device.startswith("cuda") and placement == "gpu":
         model.to(device)
@@ -133,13 +134,16 @@ def resolve_pipeline(pipeline: str, calibrates: bool) -> str | None:
     return "sequential" if calibrates else None
 
 
-def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: Path, seed: int,
+def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: Path | None, seed: int,
                 wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
-    """``oneshot`` on ``model`` in place, saving the compressed checkpoint to ``out``; returns seconds."""
+    """``oneshot`` on ``model`` in place, saving the compressed checkpoint to ``out`` (None: not saved; the
+    model's ``save_pretrained`` then writes it compressed); returns seconds."""
     torch = require("torch", "torch", ctx.name)
     from llmcompressor import oneshot
 
-    kwargs = {"model": model, "processor": tokenizer, "recipe": recipe, "output_dir": str(out)}
+    kwargs = {"model": model, "processor": tokenizer, "recipe": recipe}
+    if out is not None:
+        kwargs["output_dir"] = str(out)
     if pipeline is not None:
         kwargs["pipeline"] = pipeline
     if rows is not None:
@@ -165,10 +169,11 @@ class Keep:
 
 def quantize(ctx, build_recipe: Callable[..., list], calibrates: bool, pipeline: str = "auto",
              wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-             keep: Keep | None = None) -> dict:
+             keep: Keep | None = None, cpu_float32: bool = False) -> dict:
     """The whole llm-compressor stage; ``build_recipe`` returns the modifiers (built after the import). With
     ``keep``, the units 4-bit rounding hurts most are measured first (``_sensitivity``) and ``build_recipe`` is
-    called with the module names to keep at 8 bits."""
+    called with the module names to keep at 8 bits. ``cpu_float32``: on a CPU, a 16-bit model is loaded and
+    compressed in float32 and cast back to the recipe's dtype to be saved (``CompressBackend.cpu_float32``)."""
     if ctx.model_format != "hf":
         raise StageFailed(f"{ctx.name} needs a Hugging Face model folder, got format {ctx.model_format!r}",
                           where=ctx.name, fix="put the compression steps before the export step")
@@ -177,7 +182,9 @@ def quantize(ctx, build_recipe: Callable[..., list], calibrates: bool, pipeline:
         rows = calibration.load(ctx, tokenizer) if calibrates else None
         placed = stage_placement(ctx, pipeline)
         ctx.progress(f"loading the model ({placed})")
-        model = load_model(ctx, ctx.device, placed)
+        saved = ctx.recipe.recipe.model.dtype
+        widened = cpu_float32 and ctx.device == "cpu" and saved in ("bfloat16", "float16")
+        model = load_model(ctx, ctx.device, placed, "float32" if widened else None)
         out = ctx.out_dir / "model"
         ctx.progress("calibrating and compressing" if calibrates else "compressing")
         chosen = resolve_pipeline(pipeline, calibrates)
@@ -186,12 +193,17 @@ def quantize(ctx, build_recipe: Callable[..., list], calibrates: bool, pipeline:
             recipe, measured = keep_sensitive(ctx, model, rows, keep, build_recipe)
         else:
             recipe = build_recipe()
-        seconds = run_oneshot(ctx, model, tokenizer, recipe, rows, chosen, out, ctx.recipe.recipe.calibration.seed,
-                              wrap)
+        seconds = run_oneshot(ctx, model, tokenizer, recipe, rows, chosen, None if widened else out,
+                              ctx.recipe.recipe.calibration.seed, wrap)
+        if widened:  # the quantization parameters follow the weights' dtype, as a 16-bit run makes them
+            model.to(getattr(require("torch", "torch", ctx.name), saved))
+            model.save_pretrained(str(out), save_compressed=True)
+            tokenizer.save_pretrained(str(out))
     del model
     copy_tokenizer_files(ctx.model_dir, out)
     outputs = {"format": "hf", "model_dir": "model", "quantization": summary(out), "device": ctx.device,
-               "pipeline": chosen or "datafree", "placement": placed, "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out)}
+               "pipeline": chosen or "datafree", "placement": placed, "compress_seconds": round(seconds, 2),
+               "model_bytes": folder_bytes(out), "compute_dtype": "float32" if widened else saved}
     if rows is not None:
         outputs["calibration"] = rows.summary()
     if measured is not None:

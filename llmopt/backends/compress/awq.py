@@ -47,6 +47,7 @@ def keep(options: AWQOptions) -> lc.Keep:
 @register("compress", "awq")
 class AWQ(CompressBackend):
     Options = AWQOptions
+    cpu_float32 = True
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
@@ -67,7 +68,7 @@ class AWQ(CompressBackend):
 
     def run(self, options: AWQOptions, ctx: StageContext) -> dict:
         return lc.quantize(ctx, lambda kept=(): build(options, kept), calibrates=True, pipeline=options.pipeline,
-                           wrap=lc.no_pinned_memory, keep=keep(options))
+                           wrap=lc.no_pinned_memory, keep=keep(options), cpu_float32=self.cpu_float32)
 
 
 def build(options: AWQOptions, kept=()) -> list:

@@ -54,6 +54,7 @@ def group_of(options: GPTQOptions) -> int | None:
 @register("compress", "gptq")
 class GPTQ(CompressBackend):
     Options = GPTQOptions
+    cpu_float32 = True
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
@@ -95,7 +96,7 @@ class GPTQ(CompressBackend):
     def run(self, options: GPTQOptions, ctx: StageContext) -> dict:
         keep = lc.Keep(options.sensitive_layers, 4, group_of(options), options.symmetric, tuple(options.ignore))
         return lc.quantize(ctx, lambda kept=(): build(options, kept), calibrates=True, pipeline=options.pipeline,
-                           keep=keep if options.scheme == "W4A16" else None)
+                           keep=keep if options.scheme == "W4A16" else None, cpu_float32=self.cpu_float32)
 
 
 def build(options: GPTQOptions, kept=()) -> list:

@@ -33,6 +33,7 @@ class Int8SQOptions(Options):
 @register("compress", "int8_sq")
 class Int8SmoothQuant(CompressBackend):
     Options = Int8SQOptions
+    cpu_float32 = True
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
@@ -49,7 +50,8 @@ class Int8SmoothQuant(CompressBackend):
         return _checks.quantizer(ctx, "int8_sq", calibrates=True) + _checks.gpu_compute(ctx, (7, 5), "INT8")
 
     def run(self, options: Int8SQOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
+                           cpu_float32=self.cpu_float32)
 
 
 def build(options: Int8SQOptions) -> list:
