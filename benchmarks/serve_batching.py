@@ -11,6 +11,14 @@ its worker processes) per output token, and the mean time per output token the c
 
     .venv/bin/python benchmarks/serve_batching.py artifacts/quickstart --output 64 --rounds 3
 
+The peer: with --llama-server (llama.cpp's own server binary) and --gguf (the GGUF file the artifact was
+made from), the mode `llama.cpp` starts `llama-server -m GGUF` with --llama-slots (4) parallel slots
+(continuous batching over one copy of the model) and --llama-threads (all CPUs) threads, and the same client
+measures it the same way (token-id prompts, `ignore_eos`, greedy, through /v1/completions).
+
+    .venv/bin/python benchmarks/serve_batching.py artifacts/gguf-onnx-cpu --llama-server BIN --gguf FILE \
+        --modes "single,parallel 2,max-num-seqs 4,llama.cpp"
+
 Prints one JSON line per point, then a table. On a shared machine the figures move with the other work:
 run it twice and compare.
 """
@@ -42,8 +50,9 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def start(model: str, port: int, flags: list[str]) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "llmopt.cli.main", "serve", model, "--port", str(port), "--max-queue", "64", *flags]
+def start(model: str, port: int, flags: list[str], argv: list[str] | None = None) -> subprocess.Popen:
+    argv = argv or [sys.executable, "-m", "llmopt.cli.main", "serve", model, "--port", str(port), "--max-queue", "64",
+                    *flags]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -85,13 +94,21 @@ def main() -> None:
                         "the requests: lengths that differ, where a static batch waits for its longest")
     parser.add_argument("--rounds", type=int, default=3, help="requests per client at each concurrency")
     parser.add_argument("--concurrency", default="1,2,4")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"of: {', '.join(MODES)}")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of: {', '.join(MODES)}, llama.cpp")
     parser.add_argument("--port", type=int, default=8731)
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (the mode llama.cpp)")
+    parser.add_argument("--gguf", help="the GGUF file llama-server serves")
+    parser.add_argument("--llama-slots", type=int, default=4, help="llama-server --parallel")
+    parser.add_argument("--llama-threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
     prompt = [(7 * i + 11) % 300 + 20 for i in range(args.prompt)]
     rows = []
     for mode in args.modes.split(","):
-        proc = start(args.model, args.port, MODES[mode])
+        peer = None
+        if mode == "llama.cpp":
+            peer = [args.llama_server, "-m", args.gguf, "--port", str(args.port), "--parallel", str(args.llama_slots),
+                    "--threads", str(args.llama_threads), "--ctx-size", str(4096 * args.llama_slots)]
+        proc = start(args.model, args.port, MODES.get(mode, []), peer)
         base = f"http://127.0.0.1:{args.port}"
         try:
             one(base, "Warm up", 4)  # a text prompt waits for the tokenizer, which loads in the background
