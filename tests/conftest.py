@@ -416,8 +416,9 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice scores). The run
     starts here, in the foreground with every core, when the first test that uses it (they run last) asks for it;
     the recipe it runs next goes on while they run (``Quickstart.wait_background``). It once ran in the
-    background at the lowest priority beside the other tests, and a fresh clone's run, a quarter of an hour alone,
-    had not finished 40 minutes later.
+    background at the lowest priority beside the other tests, where its share of the cores was whatever they left
+    idle; a CI run then timed out waiting for it (its AWQ stage was also in bfloat16, 8x slower than float32 on
+    that AVX2-only CPU, which the compress stages no longer use on a CPU).
 
     LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts it from a cache that already holds the quickstart's stages (a
     developer's own) instead: the run is still run, and then takes seconds. CI leaves it unset."""
