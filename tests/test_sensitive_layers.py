@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmopt import api
+from llmopt.backends.compress import _llmcompressor as lc
 
 from conftest import onnx_to_checkpoint_perplexity, tiny_recipe, write_recipe
 
@@ -97,7 +98,7 @@ def test_the_checkpoint_keeps_the_most_sensitive_groups_at_8_bits(mixed_run):
     groups = config["quantization_config"]["config_groups"]
     assert groups["group_0"]["weights"]["num_bits"] == 4 and groups["group_0"]["weights"]["symmetric"] is False
     assert groups["group_1"]["weights"]["num_bits"] == 8 and groups["group_1"]["weights"]["symmetric"] is True
-    assert sorted(groups["group_1"]["targets"]) == sorted(kept)
+    assert sorted(groups["group_1"]["targets"]) == sorted(kept + lc.fused_names(kept))
     assert measured["kept_parameters"] == sum({"q_proj": 64 * 64, "k_proj": 64 * 64, "v_proj": 64 * 64,
                                                "o_proj": 64 * 64, "gate_proj": 128 * 64, "up_proj": 128 * 64,
                                                "down_proj": 64 * 128}[n.rsplit(".", 1)[1]] for n in kept)
@@ -130,3 +131,19 @@ def test_plan_counts_the_kept_bytes_and_refuses_an_8_bit_scheme(tmp_path, tiny_m
     assert size[1] - size[0] == 3 * 2 * 128 * 64 // 2  # three of the largest group (gate/up), 4 more bits a weight
     refused = plan('[[compress]]\nmethod = "gptq"\nscheme = "W8A8"\nsensitive_layers = 2\n')
     assert any(str(p.where).endswith("compress[0].sensitive_layers") for p in refused.errors)
+
+
+def test_kept_units_name_the_fused_modules_vllm_loads_them_into():
+    """vLLM loads q/k/v into one qkv_proj (gate/up into gate_up_proj) and, up to 0.26 at least, matches that
+    module's name first, then its class name, where the 4-bit group's ``Linear`` matches, and its parts'
+    names last (vLLM 0.33 tries the parts second). An H100 run of awq-vllm with sensitive_layers = 16 failed
+    to start vLLM 0.26 (``assert param_data.shape == loaded_weight.shape`` in ``load_qkv_weight``): the kept
+    units were given the 4-bit scheme. The 8-bit group names the fused module of each whole unit, and only
+    of whole units."""
+    pytest.importorskip("compressed_tensors")
+    kept = ["model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj",
+            "model.layers.2.mlp.gate_proj", "model.layers.2.mlp.up_proj", "model.layers.3.mlp.down_proj",
+            "model.layers.4.mlp.gate_proj"]
+    groups = lc.weight_scheme(4, 32, False) | lc.kept_group(kept, 32)
+    assert groups["group_0"].targets == ["Linear"]
+    assert groups["group_1"].targets == [*kept, "model.layers.1.self_attn.qkv_proj", "model.layers.2.mlp.gate_up_proj"]

@@ -232,15 +232,37 @@ def keep_sensitive(ctx, model, rows, keep: Keep, build_recipe: Callable[..., lis
     return build_recipe([name for unit in kept for name in unit.names]), record
 
 
+# The engines' fused linears of a transformer layer (vLLM's packed_modules_mapping for Llama-shaped models): one
+# module that reads the same input as its parts and holds their weights side by side.
+FUSED_LINEARS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def fused_names(names: list[str]) -> list[str]:
+    """The fused modules (``FUSED_LINEARS``) whose every part is in ``names``: ``a.self_attn.qkv_proj`` for
+    ``a.self_attn.q_proj``, ``.k_proj`` and ``.v_proj``."""
+    present, fused = set(names), []
+    for name in names:
+        prefix, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+        for whole, parts in FUSED_LINEARS.items():
+            if leaf == parts[0] and all(f"{prefix}.{part}" in present for part in parts):
+                fused.append(f"{prefix}.{whole}")
+    return fused
+
+
 def kept_group(names: list[str], group_size: int | None) -> dict:
-    """The ``config_groups`` entry for the kept units: 8-bit symmetric integer weights in ``group_size``
-    (exact module names, which compressed-tensors matches before the 4-bit group's class target)."""
+    """The ``config_groups`` entry for the kept units: 8-bit symmetric integer weights in ``group_size``, targeted
+    by exact module names, which compressed-tensors matches before the 4-bit group's class target ``Linear``.
+    The targets also name the fused module of each kept q/k/v or gate/up unit (``fused_names``), which no
+    Hugging Face model has: vLLM loads q, k and v into one ``QKVParallelLinear`` and picks its scheme by that
+    module's name first, then by its class name, where the 4-bit group's ``Linear`` matches as a substring, and
+    only then by its parts' names. Without the fused name a kept unit got the 4-bit scheme there, and vLLM 0.26
+    failed to load the 8-bit weights into it (``assert param_data.shape == loaded_weight.shape``)."""
     from compressed_tensors.quantization import QuantizationScheme
 
     from llmopt.backends.compress._sensitivity import KEPT_BITS
 
     weights = scheme_args(KEPT_BITS, "int", "group" if group_size else "channel", group_size, True)
-    return {"group_1": QuantizationScheme(targets=list(names), weights=weights)}
+    return {"group_1": QuantizationScheme(targets=[*names, *fused_names(list(names))], weights=weights)}
 
 
 def _brief(args: dict | None) -> dict | None:
