@@ -102,6 +102,8 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     awq) echo "recipes/awq-vllm.toml" ;;
     awq-sens) echo "recipes/awq-vllm.toml -s compress.0.sensitive_layers=${GV_SENSITIVE:-8}" ;;
     gptq-sens) echo "recipes/gptq-w4a16-vllm.toml -s compress.0.sensitive_layers=${GV_SENSITIVE:-8}" ;;
+    awq-seed*|awq-sens-seed*|gptq-seed*|gptq-sens-seed*)  # a variant above calibrated from another seed: awq-sens-seed2
+      echo "$(recipe_of "${1%-seed*}") -s calibration.seed=${1##*-seed}" ;;
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
