@@ -56,7 +56,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmopt.catalog.engines import ENGINE_DEFAULTS, SWEEP_QUEUE, queue_for
 from llmopt.errors import StageFailed
@@ -301,11 +301,19 @@ def set_command_spec(folder: Path, key: str, value: Any) -> None:
             return f"{match['lead']}{COMMAND_SPEC} {shlex.quote(json.dumps(spec))}"
         return f"{match['lead']}{COMMAND_SPEC}\n{match['item']}'{json.dumps(spec)}'\n"
 
-    for name in ("launch.sh", "docker-compose.yaml", "kubernetes.yaml"):
+    edit_launch_files(folder, lambda text: SPEC_IN_SHELL.sub(lambda m: edited(m, "shell"),
+                                                             SPEC_IN_LIST.sub(lambda m: edited(m, "list"), text)))
+
+
+LAUNCH_FILES = ("launch.sh", "docker-compose.yaml", "kubernetes.yaml")  # where an engine's command line is written
+
+
+def edit_launch_files(folder: Path, edit: Callable[[str], str]) -> None:
+    """Each of ``LAUNCH_FILES`` in ``folder`` that exists, rewritten as ``edit`` returns its text."""
+    for name in LAUNCH_FILES:
         path = folder / name
         if path.is_file():
-            text = SPEC_IN_LIST.sub(lambda m: edited(m, "list"), path.read_text())
-            path.write_text(SPEC_IN_SHELL.sub(lambda m: edited(m, "shell"), text))
+            path.write_text(edit(path.read_text()))
 
 
 # an engine's speculative options on its command line (SGLang's --speculative-*): a flag and, unless the next
@@ -319,18 +327,15 @@ def set_speculative_flags(folder: Path, param: Param, value: Any) -> None:
     ``param``'s flag at value + its offset and ``--speculative-num-steps`` (where the config has it) at value;
     0 removes every ``--speculative-*`` option (speculation off)."""
     flag = r"--speculative-[\w-]+"
-    for name in ("launch.sh", "docker-compose.yaml", "kubernetes.yaml"):
-        path = folder / name
-        if not path.is_file():
-            continue
-        text = path.read_text()
+
+    def edit(text: str) -> str:
         if not value:
             text = re.sub(FLAG_IN_LIST.format(flag=flag), "", text, flags=re.M)
-            text = re.sub(FLAG_IN_SHELL.format(flag=flag), "", text)
-        else:
-            text = set_flag(set_flag(text, param.key, str(int(value) + param.offset)), "--speculative-num-steps",
-                            str(int(value)))
-        path.write_text(text)
+            return re.sub(FLAG_IN_SHELL.format(flag=flag), "", text)
+        return set_flag(set_flag(text, param.key, str(int(value) + param.offset)), "--speculative-num-steps",
+                        str(int(value)))
+
+    edit_launch_files(folder, edit)
 
 
 def exec_line(script: str) -> str:
