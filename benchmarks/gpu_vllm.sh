@@ -70,7 +70,8 @@
 # deploy config and scored through the engine's API by `llmopt eval GV_EVAL_RECIPE --candidate URL`
 # (benchmarks/served_eval.py; default recipes/quickstart.toml: its six evals and gates, against the bf16
 # source scored on the GPU in the same run). The variants awq-sens and gptq-sens are awq and gptq with
-# compress.0.sensitive_layers=GV_SENSITIVE (8): that many layer groups kept at 8 bits.
+# compress.0.sensitive_layers=GV_SENSITIVE (8): that many layer groups kept at 8 bits. A variant of awq, awq-sens,
+# gptq or gptq-sens with -seedN (awq-sens-seed2) is calibrated from seed N (calibration.seed=N).
 # GV_CANDIDATE_EVAL="awq awq-sens" (no vLLM needed): after the variants, `llmopt eval GV_EVAL_RECIPE --candidate
 # ART` on each of those variants' artifacts, in process on the GPU (transformers), against the recipe's source.
 # With GV_BENCH=0 and parts packed without .gpu/v1 (vLLM), a lease measures accuracy only.
@@ -102,7 +103,7 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     awq) echo "recipes/awq-vllm.toml" ;;
     awq-sens) echo "recipes/awq-vllm.toml -s compress.0.sensitive_layers=${GV_SENSITIVE:-8}" ;;
     gptq-sens) echo "recipes/gptq-w4a16-vllm.toml -s compress.0.sensitive_layers=${GV_SENSITIVE:-8}" ;;
-    awq-seed*|awq-sens-seed*|gptq-seed*|gptq-sens-seed*)  # a variant above calibrated from another seed: awq-sens-seed2
+    awq-seed*|awq-sens-seed*|gptq-seed*|gptq-sens-seed*)  # calibrated from another seed (header)
       echo "$(recipe_of "${1%-seed*}") -s calibration.seed=${1##*-seed}" ;;
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;

@@ -418,7 +418,10 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     the recipe it runs next goes on while they run (``Quickstart.wait_background``). It once ran in the
     background at the lowest priority beside the other tests, where its share of the cores was whatever they left
     idle; a CI run then timed out waiting for it (its AWQ stage was also in bfloat16, 8x slower than float32 on
-    that AVX2-only CPU, which the compress stages no longer use on a CPU).
+    that AVX2-only CPU, which the compress stages no longer use on a CPU). Started so again in float32 once the
+    seed was built (a fresh clone, 2026-12-05), its AWQ stage took 1,389 s against 233 s alone; the tests took
+    2,700 s against 2,778 s, for 417 CPU seconds more. The other tests leave the two cores nearly saturated
+    (vmstat: 9% idle), and what they left went mostly to its two threads waiting for each other.
 
     LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts it from a cache that already holds the quickstart's stages (a
     developer's own) instead: the run is still run, and then takes seconds. CI leaves it unset."""
