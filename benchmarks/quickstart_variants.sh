@@ -3,8 +3,9 @@
 # baseline scores and the 30-row GPTQ model are shared); each run's report.json is copied to OUT.
 # docs/benchmarks.md, "The quickstart on an H200 machine", was taken with this on the lent H200 machine.
 #   bash benchmarks/quickstart_variants.sh OUT [a] [b] [c]      (a: as shipped, b: 64 rows, c: level 1)
-#   bash benchmarks/quickstart_variants.sh OUT "seed1 sens16-seed1"   (calibration seed 1, as shipped and with
-#     compress.0.sensitive_layers=16): the seed spread of docs/benchmarks.md, "The quickstart's seed spread"
+#   bash benchmarks/quickstart_variants.sh OUT "seed1 sens16-seed1"   (calibration seed 1, as shipped and
+#     with compress.0.sensitive_layers=16): docs/benchmarks.md, "The quickstart with 16 groups kept, across
+#     calibration seeds"
 set -u
 out=${1:?usage: quickstart_variants.sh OUT [a] [b] [c]}; shift
 mkdir -p "$out"
@@ -15,7 +16,8 @@ for v in "${@:-a b c}"; do
       b) args=(-s calibration.samples=64) ;;
       c) args=(-s export.accuracy_level=1) ;;
       seed[0-9]*) args=(-s calibration.seed="${variant#seed}") ;;
-      sens[0-9]*-seed[0-9]*) kept=${variant#sens}; args=(-s compress.0.sensitive_layers="${kept%%-*}" -s calibration.seed="${variant##*-seed}") ;;
+      sens[0-9]*-seed[0-9]*) kept=${variant#sens}
+        args=(-s compress.0.sensitive_layers="${kept%%-*}" -s calibration.seed="${variant##*-seed}") ;;
       *) echo "unknown variant $variant" >&2; exit 2 ;;
     esac
     start=$(date +%s)
