@@ -253,13 +253,13 @@ def apply(folder: Path, engine: str, values: dict[str, Any], note: str = "") -> 
     launch = folder / "launch.sh"
     if args or note:
         launch.write_text(with_args(launch.read_text(), args, note))
-    for manifest in ("docker-compose.yaml", "kubernetes.yaml"):  # the same command, as the containers run it
-        path = folder / manifest
-        if path.is_file() and args:
-            text = path.read_text()
+    if args:  # the same command in the container manifests, as the containers run it
+        def with_flags(text: str) -> str:
             for flag, value in zip(args[::2], args[1::2]):
                 text = set_flag(text, flag, value)
-            path.write_text(text)
+            return text
+
+        edit_launch_files(folder, with_flags, MANIFESTS)
 
 
 def set_flag(text: str, flag: str, value: str) -> str:
@@ -305,12 +305,13 @@ def set_command_spec(folder: Path, key: str, value: Any) -> None:
                                                              SPEC_IN_LIST.sub(lambda m: edited(m, "list"), text)))
 
 
-LAUNCH_FILES = ("launch.sh", "docker-compose.yaml", "kubernetes.yaml")  # where an engine's command line is written
+MANIFESTS = ("docker-compose.yaml", "kubernetes.yaml")  # the containers' copies of the engine's command line
+LAUNCH_FILES = ("launch.sh", *MANIFESTS)  # where an engine's command line is written
 
 
-def edit_launch_files(folder: Path, edit: Callable[[str], str]) -> None:
-    """Each of ``LAUNCH_FILES`` in ``folder`` that exists, rewritten as ``edit`` returns its text."""
-    for name in LAUNCH_FILES:
+def edit_launch_files(folder: Path, edit: Callable[[str], str], names: tuple[str, ...] = LAUNCH_FILES) -> None:
+    """Each of ``names`` in ``folder`` that exists, rewritten as ``edit`` returns its text."""
+    for name in names:
         path = folder / name
         if path.is_file():
             path.write_text(edit(path.read_text()))
