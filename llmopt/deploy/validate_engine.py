@@ -20,13 +20,18 @@ abbreviates a known one), checks that each value reaches ``ServerArgs`` as writt
 speculative algorithm. It stops before ``ServerArgs.resolve_once``, the launcher's step that reads the model
 and the platform (it needs transformers and a device), so parallel sizes against the model are left to
 ``shape_errors``. SGLang's parser needs no GPU.
+
+Either script runs in a worker kept for the process (``ParserWorker``): the engine is imported once, and each
+config after the first is checked in a second or two.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 from llmopt.deploy import flags
@@ -38,104 +43,207 @@ MARK = "LLMOPT_RESULT "
 
 VLLM_SCRIPT = r"""
 import contextlib, io, json, os, sys
-model, config = sys.argv[1], sys.argv[2]
-out = {"ok": False, "errors": [], "version": None, "stage": "import"}
-try:
-    import vllm
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-    out["version"] = vllm.__version__
-    out["stage"] = "parser"
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    out["stage"] = "config"
-    import yaml
-    with open(config) as f:
-        written = yaml.safe_load(f) or {}
-    options = parser._option_string_actions
-    out["unknown"] = sorted(k for k in written if "--" + str(k) not in options)
-    if out["unknown"]:
-        raise ValueError("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
-    err = io.StringIO()
+
+
+def check(model, config):
+    out = {"ok": False, "errors": [], "version": None, "stage": "import"}
     try:
-        with contextlib.redirect_stderr(err):
-            ns = parser.parse_args(["--model", model, "--config", config])
-    except SystemExit:
-        raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
-    for key, value in written.items():
-        got = getattr(ns, options["--" + key].dest, None)
-        if value is False and got is not False:
-            raise ValueError(f"{key}: false in a config file reaches this vLLM as {got} (its loader drops it); "
-                             f"write no-{key}: true")
-    engine = EngineArgs.from_cli_args(ns).create_engine_config()
-    out["engine"] = {
-        "max_model_len": engine.model_config.max_model_len,
-        "dtype": str(engine.model_config.dtype),
-        "quantization": engine.model_config.quantization,
-        "tensor_parallel_size": engine.parallel_config.tensor_parallel_size,
-        "pipeline_parallel_size": engine.parallel_config.pipeline_parallel_size,
-        "max_num_seqs": engine.scheduler_config.max_num_seqs,
-        "max_num_batched_tokens": engine.scheduler_config.max_num_batched_tokens,
-        "gpu_memory_utilization": engine.cache_config.gpu_memory_utilization,
-    }
-    out["ok"] = True
-except Exception as exc:
-    out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
-print("LLMOPT_RESULT " + json.dumps(out, default=str))
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        out["version"] = vllm.__version__
+        out["stage"] = "parser"
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+        out["stage"] = "config"
+        import yaml
+        with open(config) as f:
+            written = yaml.safe_load(f) or {}
+        options = parser._option_string_actions
+        out["unknown"] = sorted(k for k in written if "--" + str(k) not in options)
+        if out["unknown"]:
+            raise ValueError("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                ns = parser.parse_args(["--model", model, "--config", config])
+        except SystemExit:
+            raise ValueError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
+        for key, value in written.items():
+            got = getattr(ns, options["--" + key].dest, None)
+            if value is False and got is not False:
+                raise ValueError(f"{key}: false in a config file reaches this vLLM as {got} (its loader drops it); "
+                                 f"write no-{key}: true")
+        engine = EngineArgs.from_cli_args(ns).create_engine_config()
+        out["engine"] = {
+            "max_model_len": engine.model_config.max_model_len,
+            "dtype": str(engine.model_config.dtype),
+            "quantization": engine.model_config.quantization,
+            "tensor_parallel_size": engine.parallel_config.tensor_parallel_size,
+            "pipeline_parallel_size": engine.parallel_config.pipeline_parallel_size,
+            "max_num_seqs": engine.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": engine.scheduler_config.max_num_batched_tokens,
+            "gpu_memory_utilization": engine.cache_config.gpu_memory_utilization,
+        }
+        out["ok"] = True
+    except Exception as exc:
+        out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
+    return out
 """
 
 
 SGLANG_SCRIPT = r"""
 import contextlib, io, json, sys
-given = json.loads(sys.argv[1])
-argv, written = given["argv"], given["written"]
-out = {"ok": False, "errors": [], "version": None, "stage": "import", "unknown": []}
+
+
 class Refused(Exception):
     pass
-try:
-    import argparse
-    import sglang
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
-    out["version"] = sglang.__version__
-    out["stage"] = "parser"
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-    options = parser._option_string_actions
-    out["stage"] = "config"
-    out["unknown"] = sorted({a[2:] for a in argv if a.startswith("--") and a not in options})
-    if out["unknown"]:
-        raise Refused("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
-    err = io.StringIO()
+
+
+def check(argv, written):
+    out = {"ok": False, "errors": [], "version": None, "stage": "import", "unknown": []}
     try:
-        with contextlib.redirect_stderr(err):
-            args = prepare_server_args(argv)
-    except SystemExit:
-        raise Refused(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
-    for key, value in written.items():
-        got = getattr(args, options["--" + key].dest, None)
-        if isinstance(value, bool):
-            same = bool(got) == value
-        elif isinstance(value, (int, float)):
-            same = isinstance(got, (int, float)) and float(got) == float(value)
-        elif isinstance(value, str):
-            same = str(got) == value
-        else:
-            continue
-        if not same:
-            out["errors"].append(f"{key}: written as {value!r}, reaches ServerArgs as {got!r}")
-    if getattr(args, "speculative_algorithm", None):
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        SpeculativeAlgorithm.from_string(args.speculative_algorithm)
-    out["server_args"] = {k: getattr(args, k, None) for k in (
-        "model_path", "served_model_name", "dtype", "quantization", "context_length", "mem_fraction_static",
-        "max_running_requests", "chunked_prefill_size", "tp_size", "pp_size", "dp_size", "ep_size",
-        "speculative_algorithm", "speculative_num_steps", "speculative_num_draft_tokens", "port")}
-    out["ok"] = not out["errors"]
-except Refused as exc:
-    out["errors"].append(str(exc))
-except Exception as exc:
-    out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
-print("LLMOPT_RESULT " + json.dumps(out, default=str))
+        import argparse
+        import sglang
+        from sglang.srt.server_args import ServerArgs, prepare_server_args
+        out["version"] = sglang.__version__
+        out["stage"] = "parser"
+        parser = argparse.ArgumentParser(prog="sglang serve")
+        ServerArgs.add_cli_args(parser)
+        options = parser._option_string_actions
+        out["stage"] = "config"
+        out["unknown"] = sorted({a[2:] for a in argv if a.startswith("--") and a not in options})
+        if out["unknown"]:
+            raise Refused("unknown option(s): " + ", ".join("--" + k for k in out["unknown"]))
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = prepare_server_args(argv)
+        except SystemExit:
+            raise Refused(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error")
+        for key, value in written.items():
+            got = getattr(args, options["--" + key].dest, None)
+            if isinstance(value, bool):
+                same = bool(got) == value
+            elif isinstance(value, (int, float)):
+                same = isinstance(got, (int, float)) and float(got) == float(value)
+            elif isinstance(value, str):
+                same = str(got) == value
+            else:
+                continue
+            if not same:
+                out["errors"].append(f"{key}: written as {value!r}, reaches ServerArgs as {got!r}")
+        if getattr(args, "speculative_algorithm", None):
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+            SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+        out["server_args"] = {k: getattr(args, k, None) for k in (
+            "model_path", "served_model_name", "dtype", "quantization", "context_length", "mem_fraction_static",
+            "max_running_requests", "chunked_prefill_size", "tp_size", "pp_size", "dp_size", "ep_size",
+            "speculative_algorithm", "speculative_num_steps", "speculative_num_draft_tokens", "port")}
+        out["ok"] = not out["errors"]
+    except Refused as exc:
+        out["errors"].append(str(exc))
+    except Exception as exc:
+        out["errors"].append(f"{type(exc).__name__}: {exc}".strip())
+    return out
 """
+
+# After either script: one request a line on stdin (check's arguments as a JSON list), one answer a line on
+# stdout after MARK; whatever the engine prints on its own is skipped by the reader.
+SERVE = r"""
+
+for line in sys.stdin:
+    answer = check(*json.loads(line))
+    sys.stdout.write("LLMOPT_RESULT " + json.dumps(answer, default=str) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class ParserWorker:
+    """An engine's Python kept running with its parser script: the engine's import (15 to 20 s for vLLM on a
+    2-vCPU VM) is paid once a process rather than once a config, which is what a sweep's deploy stages, or a
+    test session, would otherwise pay again and again. One check at a time (a lock); a worker that dies or
+    runs past its time is ended, and the next check starts another. A forked child starts its own, never
+    sharing its parent's pipes."""
+
+    def __init__(self, argv: list[str], env: dict):
+        import queue
+        import tempfile
+
+        self.env, self.pid, self.lock, self.answers = env, os.getpid(), threading.Lock(), queue.Queue()
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open while the worker lives; close() closes it
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     env=env, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                self.answers.put(json.loads(line[len(MARK):]))
+        self.answers.put(None)  # the process ended
+
+    def ask(self, args: list, timeout: float) -> dict | str:
+        """check(*args)'s answer, or why there is none (the process's last words, or the timeout)."""
+        import queue
+
+        try:
+            self.proc.stdin.write(json.dumps(args) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it has ended: an answer it gave first is in the queue, else the end is
+        try:
+            answer = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            return f"took over {timeout:.0f}s"
+        if answer is None:
+            self.stderr.seek(0)
+            tail = self.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+            self.close()
+            return "the validation script failed: " + " | ".join(tail)
+        return answer
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and self.pid == os.getpid()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+SETTINGS = ("VLLM_", "SGLANG_", "SGL_", "HF_", "TRANSFORMERS_", "CUDA_", "PYTHON")
+
+
+def engine_settings(env: dict) -> dict:
+    """The variables of ``env`` that can change what an engine's parser says (the engine's own, the Hugging Face
+    hub's, CUDA's, Python's); a change of any other (a test runner's name of the running test) keeps the worker."""
+    return {k: v for k, v in env.items() if k.startswith(SETTINGS)}
+
+
+_workers: dict[tuple, ParserWorker] = {}
+_workers_lock = threading.Lock()
+
+
+def ask_parser(exe: str, script: str, args: list, env: dict, timeout: float) -> dict | str:
+    """``check(*args)`` of ``script`` in the interpreter ``exe``, through the worker kept for it (started on the
+    first call, and again when ``env``'s engine settings differ from those it was started with)."""
+    key = (exe, script)
+    with _workers_lock:
+        worker = _workers.get(key)
+        if worker is None or not worker.alive() or engine_settings(worker.env) != engine_settings(env):
+            if worker is not None and worker.pid == os.getpid():
+                worker.close()
+            worker = _workers[key] = ParserWorker([exe, "-c", script + SERVE], env)
+    with worker.lock:
+        return worker.ask(args, timeout)
+
+
+@atexit.register
+def _close_workers() -> None:
+    for worker in _workers.values():
+        if worker.pid == os.getpid():
+            worker.close()
 
 
 def engine_python(explicit: str | None = None) -> str | None:
@@ -158,17 +266,12 @@ def validate_vllm(config_path: Path, model_dir: Path, python: str | None = None,
                          fix="run `make vllm-env` (it builds .test-envs/vllm/bin/python) or unset it")
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    try:
-        done = subprocess.run([exe, "-c", VLLM_SCRIPT, str(Path(model_dir).resolve()), str(Path(config_path).resolve())],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "validated_by": "vllm EngineArgs", "errors": [f"vLLM's parser took over {timeout}s"]}
-    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(MARK)), None)
-    if line is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"ok": False, "validated_by": "vllm EngineArgs", "stage": "import",
-                "errors": ["the validation script failed: " + " | ".join(tail)]}
-    result = json.loads(line[len(MARK):])
+    result = ask_parser(exe, VLLM_SCRIPT, [str(Path(model_dir).resolve()), str(Path(config_path).resolve())], env,
+                        timeout)
+    if isinstance(result, str):
+        if result.startswith("took"):
+            return {"ok": False, "validated_by": "vllm EngineArgs", "errors": [f"vLLM's parser {result}"]}
+        return {"ok": False, "validated_by": "vllm EngineArgs", "stage": "import", "errors": [result]}
     result["validated_by"] = f"vllm {result.pop('version')} EngineArgs"
     return result
 
@@ -182,17 +285,11 @@ def validate_sglang(argv: list[str], written: dict, python: str, timeout: int = 
         raise UsageError(f"the SGLang Python {python!r} does not exist", where="serve.engine_python",
                          fix="run `make sglang-env` (it builds .test-envs/sglang/bin/python) or leave it out")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONWARNINGS="ignore", DO_NOT_TRACK="1")
-    try:
-        done = subprocess.run([python, "-c", SGLANG_SCRIPT, json.dumps({"argv": argv, "written": written})],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "validated_by": "sglang ServerArgs", "errors": [f"SGLang's parser took over {timeout}s"]}
-    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith(MARK)), None)
-    if line is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"ok": False, "validated_by": "sglang ServerArgs", "stage": "import",
-                "errors": ["the validation script failed: " + " | ".join(tail)]}
-    result = json.loads(line[len(MARK):])
+    result = ask_parser(python, SGLANG_SCRIPT, [argv, written], env, timeout)
+    if isinstance(result, str):
+        if result.startswith("took"):
+            return {"ok": False, "validated_by": "sglang ServerArgs", "errors": [f"SGLang's parser {result}"]}
+        return {"ok": False, "validated_by": "sglang ServerArgs", "stage": "import", "errors": [result]}
     result["validated_by"] = f"sglang {result.pop('version')} ServerArgs"
     return result
 
