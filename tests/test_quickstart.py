@@ -16,15 +16,18 @@ def test_quickstart_runs_end_to_end(tmp_path, quickstart):
     assert doc["passed"] is True
     manifest = json.loads((out / "manifest.json").read_text())
     stages = {stage["name"]: stage["outputs"] for stage in manifest["stages"]}
-    weights = stages["compress.0.awq"]["quantization"]["config_groups"]["group_0"]["weights"]
+    groups = stages["compress.0.awq"]["quantization"]["config_groups"]
+    weights, kept = groups["group_0"]["weights"], groups["group_1"]["weights"]
     assert (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, 32, False)
+    assert (kept["num_bits"], kept["group_size"], kept["symmetric"]) == (8, 32, True)
+    assert len(stages["compress.0.awq"]["sensitive_layers"]["kept"]) == 16  # layer groups, ranked on the calibration
     export = stages["export.onnx"]
     assert export["precision"] == "int4" and export["quantized_input"]["repacked"] is True
     assert export["verify"]["status"] == "passed"  # MatMulNBits ran on the CPU EP, nothing fell back
     assert (out / "model" / "model.onnx").is_file() and (out / "model" / "genai_config.json").is_file()
     assert (out / "deploy" / "ort" / "launch.sh").is_file()
     written = sum(p.stat().st_size for p in (out / "model").rglob("*") if p.is_file())
-    assert manifest["model_bytes"] == written  # about 219 MB: int4 linears, int8 head, float32 embedding
+    assert manifest["model_bytes"] == written  # about 225 MB: int4 and 8-bit linears, int8 head, float32 embedding
     assert abs(manifest["estimates"]["artifact_bytes"] / written - 1) < 0.05  # the plan's size model
     gates = {g["name"]: g for g in manifest["gates"]}
     assert 5 < gates["prose"]["baseline"] < 100  # a real language model on English prose
