@@ -81,7 +81,10 @@
 # launch config while benchmarks/spec_text.py runs the copy-heavy builtin:rewrite and the open-ended
 # builtin:continue text workloads (chat) at GV_SPEC_CONCURRENCY (1,8,32) with GV_SPEC_REQUESTS (16,48,96),
 # reading vLLM's speculation counters around each point and keeping GV_SPEC_ANSWERS (12) greedy answers
-# per workload for the lossless check; spec/ comes back in vllm-h200.tgz.
+# per workload for the lossless check; spec/ comes back in vllm-h200.tgz. The model `draft` in GV_SPEC_MODELS is
+# recipes/draft-vllm.toml (BF16, with the draft its [[draft]] stages make, carried in the artifact's draft/ and
+# named in its launch config) drafting each of GV_SPEC_DRAFT ("3") tokens; its baseline is bf16-off, so list bf16
+# first: GV_SPEC_MODELS="bf16 draft".
 #
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_C_<variant> and GV_N_<variant> (one variant's own points and requests, "-" as
@@ -108,6 +111,7 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
+    draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
     bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b|awq-8b|int8-8b|modelopt-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
       local eight="-s model.source=$W/random-8b -s eval=[] -s serve.max_model_len=4096"
       case $1 in
@@ -151,16 +155,21 @@ spec_step() {  # the variant `spec` (header): speculative decoding on text workl
   for m in ${GV_SPEC_MODELS:-fp8 bf16}; do
     read -r -a base <<< "$(recipe_of "$m")"
     if [ -z "$first" ]; then first=$m; ks="off $ngram"; else ks="off ${ngram%% *}"; fi
+    [ "$m" = draft ] && ks=${GV_SPEC_DRAFT:-3}  # the recipe's own draft, drafting k tokens; its "off" is bf16-off
     for k in $ks; do
-      local over=(-s eval=[])
-      [ "$k" != off ] && over+=(-s serve.speculative.method=ngram -s serve.speculative.num_tokens="$k")
-      local name="$m-$( [ "$k" = off ] && echo off || echo "ngram$k")"
+      local over=(-s eval=[]) name
+      if [ "$m" = draft ]; then over+=(-s serve.speculative.num_tokens="$k"); name=draft$k
+      else
+        [ "$k" != off ] && over+=(-s serve.speculative.method=ngram -s serve.speculative.num_tokens="$k")
+        name="$m-$( [ "$k" = off ] && echo off || echo "ngram$k")"
+      fi
       say "spec: llmopt run ${base[*]} ${over[*]} -> $name"
       t=$(date +%s)
       python3 -m llmopt run "${base[@]}" "${over[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/spec-$name" \
         --format json > "$W/runs/spec-$name.run.json" 2> "$W/runs/spec-$name.run.log"
       say "spec: $name run exit $? in $(( $(date +%s) - t )) s"
       cp "$W/art/spec-$name/deploy/vllm/launch.sh" "$W/runs/spec-$name.launch.sh" 2>/dev/null
+      cp "$W/art/spec-$name/reports/report.json" "$W/runs/spec-$name.report.json" 2>/dev/null
       targets+=("$name=$W/art/spec-$name")
     done
   done
