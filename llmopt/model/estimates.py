@@ -91,6 +91,7 @@ class Layout:
     files: dict[str, int] = field(default_factory=dict)  # files other than the weights: bytes by name
     tensor_bytes: int = 0  # container metadata per stored tensor (safetensors header entries)
     notes: tuple[str, ...] = ()  # what the writing stages assumed
+    kept_parameters: int = 0  # decoder weights kept at 8 bits beside 4-bit ones (sensitive_layers), at most
 
     def with_linears(self, stored: Stored, kinds=LINEARS) -> Layout:
         return replace(self, linears=self.linears | {kind: stored for kind in kinds})

@@ -326,10 +326,10 @@ def ignores_lm_head(ignore: list[str]) -> bool:
 
 
 def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str], ctx,
-           kv_cache: str = "none", kept_bytes: int = 0) -> estimates.Layout:
+           kv_cache: str = "none", kept_bytes: int = 0, kept_parameters: int = 0) -> estimates.Layout:
     """The compressed-tensors checkpoint ``oneshot`` saves: the linears ``ignore`` does not name as ``weights``,
     every other tensor in the load dtype (a tied head once, unless it is quantized), FP8 K/V scales per layer,
-    and what sensitive layers kept at 8 bits may add (``kept_bytes``, at most)."""
+    and what sensitive layers kept at 8 bits may add (``kept_bytes`` for ``kept_parameters`` weights, at most)."""
     dtype = load_dtype(before, ctx)
     plain = estimates.float_stored(dtype)
     linears = {kind: plain if ignored(kind, ignore) else weights for kind in estimates.LINEARS}
@@ -344,7 +344,7 @@ def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str
     if kept_bytes:
         extra["sensitive layers at 8 bits (at most)"] = kept_bytes
     return estimates.Layout("safetensors", dtype, linears, plain, head, extra, 2 * layers if kv_cache != "none" else 0, files,
-                            estimates.SAFETENSORS_TENSOR_BYTES, before.notes)
+                            estimates.SAFETENSORS_TENSOR_BYTES, before.notes, kept_parameters)
 
 
 def int8_weights(dtype: str) -> estimates.Stored:

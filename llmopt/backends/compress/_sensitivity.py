@@ -135,16 +135,31 @@ def outputs(ranked: list[Unit], kept: list[Unit], bits: int, group_size: int | N
             "scores": {u.names[0]: round(u.score, 6) for u in ranked}}
 
 
-def planned_bytes(info, count: int, bits: int, group_size: int | None, symmetric: bool) -> int:
-    """At most what ``count`` kept units add, before they are measured: ``count`` times the largest unit of a
-    decoder layer (``info.linears()``: q/k/v together, gate/up together, each other linear alone)."""
+def planned_parameters(info, count: int) -> int:
+    """At most the weights ``count`` kept units hold, before they are measured: those of the model's ``count``
+    largest units (``info.linears()``: a layer's q/k/v together, gate/up together, each other linear alone)."""
     if not count or info is None:
         return 0
-    size: dict[str, int] = {}
-    for kind, rows, cols, _ in info.linears():
-        size[kind] = max(size.get(kind, 0), rows * cols)
-    fused = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")]
-    parts = [sum(size.get(k, 0) for k in group) for group in fused]
-    parts += [n for kind, n in size.items() if not any(kind in group for group in fused)]
-    largest = Unit(("largest",), 0.0, max(parts, default=0))
-    return count * added_bytes([largest], bits, group_size, symmetric)
+    entries = info.linears()
+    units: list[tuple[int, int]] = []  # (weights of one unit, how many such units)
+    attention = [(rows * cols, n) for kind, rows, cols, n in entries if kind in ("q_proj", "k_proj", "v_proj")]
+    if attention:
+        layers = max(n for _, n in attention)
+        units.append((sum(w * n for w, n in attention) // layers, layers))
+    gates = [(rows * cols, n) for kind, rows, cols, n in entries if kind == "gate_proj"]
+    ups = [rows * cols for kind, rows, cols, n in entries if kind == "up_proj"]
+    units += [(gate + up, n) for (gate, n), up in zip(gates, ups)]
+    units += [(rows * cols, n) for kind, rows, cols, n in entries if kind in ("o_proj", "down_proj")]
+    total = 0
+    for weights, n in sorted(units, reverse=True):
+        take = min(n, count)
+        total, count = total + take * weights, count - take
+        if not count:
+            break
+    return total
+
+
+def planned_bytes(info, count: int, bits: int, group_size: int | None, symmetric: bool) -> int:
+    """At most what ``count`` kept units add to a ``bits``-bit checkpoint, before they are measured
+    (``planned_parameters``)."""
+    return added_bytes([Unit(("planned",), 0.0, planned_parameters(info, count))], bits, group_size, symmetric)

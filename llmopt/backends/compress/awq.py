@@ -60,7 +60,8 @@ class AWQ(CompressBackend):
         """pack-quantized int4, a zero point per group unless symmetric."""
         weights = estimates.pack_quantized(4, options.group_size, options.symmetric, lc.load_dtype(before, ctx))
         kept = _sensitivity.planned_bytes(ctx.model, options.sensitive_layers, 4, options.group_size, options.symmetric)
-        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept)
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept,
+                         _sensitivity.planned_parameters(ctx.model, options.sensitive_layers))
 
     def check(self, options: AWQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "awq", calibrates=True)

@@ -78,7 +78,8 @@ class GPTQ(CompressBackend):
             weights = estimates.pack_quantized(4 if options.scheme == "W4A16" else 8, group_of(options),
                                                options.symmetric, dtype, options.actorder == "group")
         kept = _sensitivity.planned_bytes(ctx.model, options.sensitive_layers, 4, group_of(options), options.symmetric)
-        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept)
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept,
+                         _sensitivity.planned_parameters(ctx.model, options.sensitive_layers))
 
     def check(self, options: GPTQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "gptq", calibrates=True)

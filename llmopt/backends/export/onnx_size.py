@@ -16,6 +16,8 @@ SmolLM2-135M):
   MB of the quickstart: 49152 x 576 float32) or, with ``embedding``, GatherBlockQuantized
   codes of 4 or 8 bits per ``block_size`` columns with a scale per block in the io dtype
   (and a 4-bit zero point per block for asymmetric int4);
+* linears a checkpoint kept at 8 bits (``sensitive_layers``) are 8-bit MatMulNBits in the same groups, each
+  with an 8-bit zero point;
 * ``model.onnx`` holds the graph; the weights are in ``model.onnx.data``, next to
   ``genai_config.json`` and the tokenizer files.
 """
@@ -128,5 +130,16 @@ def layout(options, before: estimates.Layout, info, carried: dict | None, head: 
     if options.last_logits_graph and not options.exclude_lm_head:  # onnx_last: the same nodes, two more
         files |= {"model.last.onnx": graph, "graphs.json": GRAPHS_INDEX_BYTES}
     notes = before.notes + (f"ONNX Runtime GenAI builder: float tensors in {io}",)
+    extra = {"rotary cos/sin caches": rotary}
+    if before.kept_parameters and carried is None:
+        extra["sensitive layers at 8 bits (at most)"] = kept_bytes(before)
     return estimates.Layout("onnx", io, linears(options, before, info, io, carried), embedding, lm_head,
-                            {"rotary cos/sin caches": rotary}, 2, files, 0, notes)
+                            extra, 2, files, 0, notes)
+
+
+def kept_bytes(before: estimates.Layout) -> int:
+    """What a checkpoint's linears kept at 8 bits (``sensitive_layers``) add to its int4 MatMulNBits: four more bits a
+    weight, and a zero point of 8 bits instead of 4 per group (the repack writes a zero point for every group)."""
+    group = next((s.group for s in before.linears.values() if s.bits == 4 and s.group), None)
+    zeros = before.kept_parameters // group // 2 if group else 0
+    return before.kept_parameters // 2 + zeros
