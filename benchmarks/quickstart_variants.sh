@@ -6,6 +6,8 @@
 #   bash benchmarks/quickstart_variants.sh OUT "seed1 sens0-seed1"   (calibration seed 1, as shipped and
 #     with compress.0.sensitive_layers=0, every linear at 4 bits): docs/benchmarks.md, "The quickstart with 16
 #     groups kept, across calibration seeds"
+#   bash benchmarks/quickstart_variants.sh OUT "rows64-seed1"   (64 calibration rows, seed 1: the seeds' spread
+#     against the calibration's size)
 set -u
 out=${1:?usage: quickstart_variants.sh OUT [a] [b] [c]}; shift
 mkdir -p "$out"
@@ -18,6 +20,8 @@ for v in "${@:-a b c}"; do
       seed[0-9]*) args=(-s calibration.seed="${variant#seed}") ;;
       sens[0-9]*-seed[0-9]*) kept=${variant#sens}
         args=(-s compress.0.sensitive_layers="${kept%%-*}" -s calibration.seed="${variant##*-seed}") ;;
+      rows[0-9]*-seed[0-9]*) rows=${variant#rows}
+        args=(-s calibration.samples="${rows%%-*}" -s calibration.seed="${variant##*-seed}") ;;
       *) echo "unknown variant $variant" >&2; exit 2 ;;
     esac
     start=$(date +%s)
