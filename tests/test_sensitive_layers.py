@@ -10,6 +10,7 @@ import pytest
 
 from llmopt import api
 from llmopt.backends.compress import _llmcompressor as lc
+from llmopt.model import estimates
 
 from conftest import onnx_to_checkpoint_perplexity, tiny_recipe, write_recipe
 
@@ -121,7 +122,7 @@ def test_both_widths_reach_the_onnx_model_exactly(mixed_run):
     # the plan's size model counts them in the ONNX folder too, at most the two largest groups' four more bits a
     # weight and 8-bit zero points: at least what the two kept groups add
     kept_parameters = outputs(mixed_run, "compress.0.awq")["sensitive_layers"]["kept_parameters"]
-    planned = plan.estimates["model_size"]["parts"]["sensitive layers at 8 bits (at most)"]
+    planned = plan.estimates["model_size"]["parts"][estimates.KEPT_PART]
     assert kept_parameters // 2 + kept_parameters // 32 // 2 <= planned == (2 * 2 * 128 * 64) * (1 + 1 / 32) // 2
 
 

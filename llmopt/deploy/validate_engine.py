@@ -30,7 +30,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -166,9 +168,6 @@ class ParserWorker:
     sharing its parent's pipes."""
 
     def __init__(self, argv: list[str], env: dict):
-        import queue
-        import tempfile
-
         self.env, self.pid, self.lock, self.answers = env, os.getpid(), threading.Lock(), queue.Queue()
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open while the worker lives; close() closes it
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
@@ -183,8 +182,6 @@ class ParserWorker:
 
     def ask(self, args: list, timeout: float) -> dict | str:
         """check(*args)'s answer, or why there is none (the process's last words, or the timeout)."""
-        import queue
-
         try:
             self.proc.stdin.write(json.dumps(args) + "\n")
             self.proc.stdin.flush()

@@ -33,6 +33,7 @@ GENAI_CONFIG_BYTES = 1_500
 ASSUMES = (f"safetensors header {SAFETENSORS_TENSOR_BYTES} B per tensor",
            f"tokenizer.json {TOKENIZER_BYTES_PER_TOKEN} B per vocabulary entry where the source folder is not local",
            f"model.onnx graph {ONNX_GRAPH_BYTES / 1000:.0f} KB + {ONNX_GRAPH_BYTES_PER_LAYER / 1000:.1f} KB per layer")
+KEPT_PART = "sensitive layers at 8 bits (at most)"  # the size's part for linears kept at 8 bits beside 4-bit ones
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".onnx.data", ".data")
 

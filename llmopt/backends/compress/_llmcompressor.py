@@ -326,10 +326,11 @@ def ignores_lm_head(ignore: list[str]) -> bool:
 
 
 def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str], ctx,
-           kv_cache: str = "none", kept_bytes: int = 0, kept_parameters: int = 0) -> estimates.Layout:
+           kv_cache: str = "none", kept_parameters: int = 0) -> estimates.Layout:
     """The compressed-tensors checkpoint ``oneshot`` saves: the linears ``ignore`` does not name as ``weights``,
     every other tensor in the load dtype (a tied head once, unless it is quantized), FP8 K/V scales per layer,
-    and what sensitive layers kept at 8 bits may add (``kept_bytes`` for ``kept_parameters`` weights, at most)."""
+    and what sensitive layers kept at 8 bits beside 4-bit ``weights`` may add (``kept_parameters`` weights, at
+    most: ``_sensitivity.planned_parameters``)."""
     dtype = load_dtype(before, ctx)
     plain = estimates.float_stored(dtype)
     linears = {kind: plain if ignored(kind, ignore) else weights for kind in estimates.LINEARS}
@@ -341,8 +342,10 @@ def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str
     files["recipe.yaml"] = RECIPE_YAML_BYTES
     layers = ctx.model.num_layers
     extra = {"kv cache scales": 2 * layers * plain.nbytes(1, 1)} if kv_cache != "none" else {}
-    if kept_bytes:
-        extra["sensitive layers at 8 bits (at most)"] = kept_bytes
+    if kept_parameters:
+        from llmopt.backends.compress._sensitivity import planned_bytes
+
+        extra[estimates.KEPT_PART] = planned_bytes(kept_parameters, 4, weights.group, not weights.zero_bits)
     return estimates.Layout("safetensors", dtype, linears, plain, head, extra, 2 * layers if kv_cache != "none" else 0, files,
                             estimates.SAFETENSORS_TENSOR_BYTES, before.notes, kept_parameters)
 

@@ -159,7 +159,6 @@ def planned_parameters(info, count: int) -> int:
     return total
 
 
-def planned_bytes(info, count: int, bits: int, group_size: int | None, symmetric: bool) -> int:
-    """At most what ``count`` kept units add to a ``bits``-bit checkpoint, before they are measured
-    (``planned_parameters``)."""
-    return added_bytes([Unit(("planned",), 0.0, planned_parameters(info, count))], bits, group_size, symmetric)
+def planned_bytes(parameters: int, bits: int, group_size: int | None, symmetric: bool) -> int:
+    """What keeping ``parameters`` weights (``planned_parameters``) at 8 bits adds to a ``bits``-bit checkpoint."""
+    return added_bytes([Unit(("planned",), 0.0, parameters)], bits, group_size, symmetric)

@@ -59,9 +59,8 @@ class AWQ(CompressBackend):
     def layout(self, options: AWQOptions, before, ctx: PlanContext):
         """pack-quantized int4, a zero point per group unless symmetric."""
         weights = estimates.pack_quantized(4, options.group_size, options.symmetric, lc.load_dtype(before, ctx))
-        kept = _sensitivity.planned_bytes(ctx.model, options.sensitive_layers, 4, options.group_size, options.symmetric)
-        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept,
-                         _sensitivity.planned_parameters(ctx.model, options.sensitive_layers))
+        kept = _sensitivity.planned_parameters(ctx.model, options.sensitive_layers)
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept)
 
     def check(self, options: AWQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "awq", calibrates=True)

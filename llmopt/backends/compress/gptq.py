@@ -77,9 +77,8 @@ class GPTQ(CompressBackend):
         else:
             weights = estimates.pack_quantized(4 if options.scheme == "W4A16" else 8, group_of(options),
                                                options.symmetric, dtype, options.actorder == "group")
-        kept = _sensitivity.planned_bytes(ctx.model, options.sensitive_layers, 4, group_of(options), options.symmetric)
-        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept,
-                         _sensitivity.planned_parameters(ctx.model, options.sensitive_layers))
+        kept = _sensitivity.planned_parameters(ctx.model, options.sensitive_layers)
+        return lc.layout(before, weights, options.ignore, ctx, options.kv_cache, kept)
 
     def check(self, options: GPTQOptions, ctx: PlanContext) -> list[Problem]:
         problems = _checks.quantizer(ctx, "gptq", calibrates=True)

@@ -132,7 +132,7 @@ def layout(options, before: estimates.Layout, info, carried: dict | None, head: 
     notes = before.notes + (f"ONNX Runtime GenAI builder: float tensors in {io}",)
     extra = {"rotary cos/sin caches": rotary}
     if before.kept_parameters and carried is None:
-        extra["sensitive layers at 8 bits (at most)"] = kept_bytes(before)
+        extra[estimates.KEPT_PART] = kept_bytes(before)
     return estimates.Layout("onnx", io, linears(options, before, info, io, carried), embedding, lm_head,
                             extra, 2, files, 0, notes)
 
