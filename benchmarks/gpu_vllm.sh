@@ -158,7 +158,8 @@ spec_step() {  # the variant `spec` (header): speculative decoding on text workl
     [ "$m" = draft ] && ks=${GV_SPEC_DRAFT:-3}  # the recipe's own draft, drafting k tokens; its "off" is bf16-off
     for k in $ks; do
       local over=(-s eval=[]) name
-      if [ "$m" = draft ]; then over+=(-s serve.speculative.num_tokens="$k"); name=draft$k
+      # the draft recipe serves the bf16 model: named bf16-draftK, its answers are checked against bf16-off's
+      if [ "$m" = draft ]; then over+=(-s serve.speculative.num_tokens="$k"); name=bf16-draft$k
       else
         [ "$k" != off ] && over+=(-s serve.speculative.method=ngram -s serve.speculative.num_tokens="$k")
         name="$m-$( [ "$k" = off ] && echo off || echo "ngram$k")"
