@@ -50,8 +50,10 @@
 # The variant `ortcuda` is recipes/gptq-onnx-cuda.toml: the GPTQ stage of `gptq` (the same recipe tables, so
 # the same cache entry when both run) exported to int4 ONNX for the CUDA EP, verified there (MatMulNBits on
 # CUDAExecutionProvider), served by `llmopt serve` with GV_ORT_PARALLEL (8) worker processes, and benched at
-# GV_ORT_CONCURRENCY (1,8,32) with GV_ORT_REQUESTS (64) a point: llmopt serve batches no requests, so a
-# point costs what its requests cost one after another on each worker. The variant `modelopt` is
+# GV_ORT_CONCURRENCY (1,8,32) with GV_ORT_REQUESTS (64) a point: a worker generates one request at a time, so a
+# point costs what its requests cost one after another on each worker. The variant `ortcuda-batch` is the same
+# artifact served by one `llmopt serve --max-num-seqs GV_ORT_BATCH (32)`: requests batched by onnxruntime-genai's
+# engine over one copy of the model (docs/serve.md, "Batching"). The variant `modelopt` is
 # recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
 #
 # The variant `sweep` is `llmopt sweep GV_SWEEP (benchmarks/quickstart-4bit.toml)` on the demo model: its
@@ -70,11 +72,19 @@
 # deploy config and scored through the engine's API by `llmopt eval GV_EVAL_RECIPE --candidate URL`
 # (benchmarks/served_eval.py; default recipes/quickstart.toml: its six evals and gates, against the bf16
 # source scored on the GPU in the same run). The variants awq-sens and gptq-sens are awq and gptq with
-# compress.0.sensitive_layers=GV_SENSITIVE (8): that many layer groups kept at 8 bits. A variant of awq, awq-sens,
+# compress.0.sensitive_layers=GV_SENSITIVE (8): that many layer groups kept at 8 bits. awq and gptq as shipped
+# keep 16 (since 2026-12-05); GV_SENSITIVE=0 makes awq-sens and gptq-sens every linear at 4 bits. A variant of awq, awq-sens,
 # gptq or gptq-sens with -seedN (awq-sens-seed2) is calibrated from seed N (calibration.seed=N).
 # GV_CANDIDATE_EVAL="awq awq-sens" (no vLLM needed): after the variants, `llmopt eval GV_EVAL_RECIPE --candidate
 # ART` on each of those variants' artifacts, in process on the GPU (transformers), against the recipe's source.
 # With GV_BENCH=0 and parts packed without .gpu/v1 (vLLM), a lease measures accuracy only.
+# SGLang: the variants sg-bf16, sg-fp8, sg-gptq, sg-awq (sg- before any variant above) are that variant's recipe
+# with serve.backend=sglang, compressed, deployed, benched (and GV_SERVED_EVAL'd) as the vLLM ones, the commands
+# run with PATH=/tmp/sgbin:$PATH and LLMOPT_SGLANG_PYTHON=/tmp/bin/sglang-python, so that the deploy stage checks
+# the launch arguments with SGLang's own parser and the launch.sh it writes runs SGLang. SGLang 0.5.17 travels as
+# its own parts: `bash benchmarks/sglang/prepare.sh` here makes .gpu/sg00 and .gpu/sg01; keep them as the other
+# parts (`keep .gpu/sg00`), and `run` installs them with benchmarks/sglang/install.sh (its log, sglang-install.log,
+# comes back in vllm-h200.tgz). Without FA3 (prepare.sh without SG_FA3=1) SGLang attends with Triton's kernels.
 # The variant `spec` is speculative decoding on text: for each of GV_SPEC_MODELS (fp8 bf16: the variants' recipes,
 # without evals), the artifact without speculation and with ngram speculation of each of GV_SPEC_NGRAM ("4 8")
 # tokens (the models after the first get its first value only), each served once by vLLM from its own
@@ -110,8 +120,11 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
       echo "$(recipe_of "${1%-seed*}") -s calibration.seed=${1##*-seed}" ;;
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
+    ortcuda-batch) echo "recipes/gptq-onnx-cuda.toml -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;  # one copy, batched
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
     draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
+    sg-*) local base; base=$(recipe_of "${1#sg-}") || return 1  # the same recipe served by SGLang (header)
+      echo "$base -s serve.backend=sglang" ;;
     bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b|awq-8b|int8-8b|modelopt-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
       local eight="-s model.source=$W/random-8b -s eval=[] -s serve.max_model_len=4096"
       case $1 in
@@ -234,6 +247,12 @@ case $cmd in
       # onnxruntime.preload_dlls looks for nvidia/cu13/lib beside onnxruntime: the image has it beside torch
       ln -sfn "$(python3 -c 'import nvidia, sys; sys.stdout.write(list(nvidia.__path__)[0])')" /tmp/site/nvidia
     fi
+    if ls $K/parts/sg.part.* > /dev/null 2>&1; then  # SGLang (benchmarks/sglang/prepare.sh), for the sg-* variants
+      say "install SGLang"
+      [ -d $K/sg ] || cat $K/parts/sg.part.* | tar -x -C $K
+      [ -x /tmp/bin/sglang-python ] || bash "$repo/benchmarks/sglang/install.sh" $K/sg > "$W/sglang-install.log" 2>&1 \
+        || say "SGLang install failed (sglang-install.log)"
+    fi
     export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$repo HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LLMOPT_CACHE=$W/cache
     cd "$repo"
     python3 - > "$W/env.json" <<'PY'
@@ -271,22 +290,23 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
         continue
       fi
       read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
+      eng=(); [[ $v == sg-* ]] && eng=(env PATH=/tmp/sgbin:$PATH LLMOPT_SGLANG_PYTHON=/tmp/bin/sglang-python)
       say "$v: llmopt run ${recipe[*]}"
       t=$(date +%s)
-      python3 -m llmopt run "${recipe[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/$v" --format json \
+      "${eng[@]}" python3 -m llmopt run "${recipe[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/$v" --format json \
         > "$W/runs/$v.run.json" 2> "$W/runs/$v.run.log"
       say "$v: run exit $? in $(( $(date +%s) - t )) s"
       cp "$W/art/$v/reports/report.json" "$W/runs/$v.report.json" 2>/dev/null
       cp "$W/art/$v/manifest.json" "$W/runs/$v.manifest.json" 2>/dev/null  # the stages' outputs: the export's verify
-      cp "$W/art/$v/deploy/vllm/launch.sh" "$W/runs/$v.launch.sh" 2>/dev/null
+      for f in "$W"/art/$v/deploy/*/launch.sh; do [ -e "$f" ] && cp "$f" "$W/runs/$v.launch.sh"; done
       ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
       [ "${GV_BENCH:-1}" = 0 ] && continue  # accuracy only (GV_SERVED_EVAL), no bench
       conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
-      [ "$v" = ortcuda ] && conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64}
+      case $v in ortcuda|ortcuda-batch) conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64} ;; esac
       c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
       conc=${!c_of:-$conc} n=${!n_of:-$n}
       t=$(date +%s)
-      python3 -m llmopt bench "$W/art/$v" -c "$conc" -n "$n" \
+      "${eng[@]}" python3 -m llmopt bench "$W/art/$v" -c "$conc" -n "$n" \
         --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" -o "$W/bench/$v" --format json \
         > "$W/bench/$v.json" 2> "$W/bench/$v.log"
       say "$v: bench exit $? in $(( $(date +%s) - t )) s"
@@ -295,7 +315,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       pairs=(); for v in $GV_SERVED_EVAL; do [ -d "$W/art/$v" ] && pairs+=("$v=$W/art/$v"); done
       say "served eval: ${pairs[*]}"
       t=$(date +%s)
-      python3 benchmarks/served_eval.py "${GV_EVAL_RECIPE:-recipes/quickstart.toml}" "$W/veval" "${pairs[@]}" \
+      eng=(); [[ " $GV_SERVED_EVAL" == *" sg-"* ]] && eng=(env PATH=/tmp/sgbin:$PATH LLMOPT_SGLANG_PYTHON=/tmp/bin/sglang-python)
+      "${eng[@]}" python3 benchmarks/served_eval.py "${GV_EVAL_RECIPE:-recipes/quickstart.toml}" "$W/veval" "${pairs[@]}" \
         > "$W/veval.log" 2>&1
       say "served eval: exit $? in $(( $(date +%s) - t )) s"
     fi
@@ -316,7 +337,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     while [ ! -e "$W/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
     [ -e "$W/done" ] && echo "finished" || echo "still running"
     cat "$W/progress.log" 2>/dev/null; tail -5 "$W/run.log" 2>/dev/null
-    (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs \
+    (cd "$W" && tar -czf "${OUT:?}/vllm-h200.tgz" env.json progress.log run.log runs $(ls sglang-install.log 2>/dev/null) \
       $(ls -d bench/*.json bench/*.log bench/*/bench.json bench/*/bench.md bench/*/engine.log bench/*/requests.jsonl \
         sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json \
         spec.log spec/summary.json spec/*/points.jsonl spec/*/answers-*.jsonl spec/*/engine.log spec/*/*/bench.json \
