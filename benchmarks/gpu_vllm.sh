@@ -254,6 +254,7 @@ case $cmd in
         || say "SGLang install failed (sglang-install.log)"
     fi
     export PATH=/tmp/bin:$PATH PYTHONPATH=/tmp/site:$repo HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 LLMOPT_CACHE=$W/cache
+    sg_env=(env PATH=/tmp/sgbin:$PATH LLMOPT_SGLANG_PYTHON=/tmp/bin/sglang-python)  # the sg-* variants' commands (header)
     cd "$repo"
     python3 - > "$W/env.json" <<'PY'
 import json, os, platform, subprocess, sys
@@ -290,7 +291,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
         continue
       fi
       read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
-      eng=(); [[ $v == sg-* ]] && eng=(env PATH=/tmp/sgbin:$PATH LLMOPT_SGLANG_PYTHON=/tmp/bin/sglang-python)
+      eng=(); [[ $v == sg-* ]] && eng=("${sg_env[@]}")
       say "$v: llmopt run ${recipe[*]}"
       t=$(date +%s)
       "${eng[@]}" python3 -m llmopt run "${recipe[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/$v" --format json \
@@ -315,7 +316,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       pairs=(); for v in $GV_SERVED_EVAL; do [ -d "$W/art/$v" ] && pairs+=("$v=$W/art/$v"); done
       say "served eval: ${pairs[*]}"
       t=$(date +%s)
-      eng=(); [[ " $GV_SERVED_EVAL" == *" sg-"* ]] && eng=(env PATH=/tmp/sgbin:$PATH LLMOPT_SGLANG_PYTHON=/tmp/bin/sglang-python)
+      eng=(); [[ " $GV_SERVED_EVAL" == *" sg-"* ]] && eng=("${sg_env[@]}")
       "${eng[@]}" python3 benchmarks/served_eval.py "${GV_EVAL_RECIPE:-recipes/quickstart.toml}" "$W/veval" "${pairs[@]}" \
         > "$W/veval.log" 2>&1
       say "served eval: exit $? in $(( $(date +%s) - t )) s"

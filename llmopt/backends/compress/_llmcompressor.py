@@ -24,6 +24,7 @@ from llmopt.data import calibration
 
 from llmopt.model import estimates
 from llmopt.libraries import require
+from llmopt.backends.compress import _sensitivity
 from llmopt.backends.compress._checks import ignored
 from llmopt.backends.compress._common import TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes
 from llmopt.errors import StageFailed
@@ -213,7 +214,6 @@ def quantize(ctx, build_recipe: Callable[..., list], calibrates: bool, pipeline:
 
 def keep_sensitive(ctx, model, rows, keep: Keep, build_recipe: Callable[..., list]) -> tuple[list, dict]:
     """The modifiers with the ``keep.count`` most sensitive units at 8 bits, and the measurement's record."""
-    from llmopt.backends.compress import _sensitivity
     from llmopt.backends.compress._checks import module_ignored
 
     if rows is None:
@@ -259,9 +259,7 @@ def kept_group(names: list[str], group_size: int | None) -> dict:
     failed to load the 8-bit weights into it (``assert param_data.shape == loaded_weight.shape``)."""
     from compressed_tensors.quantization import QuantizationScheme
 
-    from llmopt.backends.compress._sensitivity import KEPT_BITS
-
-    weights = scheme_args(KEPT_BITS, "int", "group" if group_size else "channel", group_size, True)
+    weights = scheme_args(_sensitivity.KEPT_BITS, "int", "group" if group_size else "channel", group_size, True)
     return {"group_1": QuantizationScheme(targets=[*names, *fused_names(list(names))], weights=weights)}
 
 
@@ -343,9 +341,7 @@ def layout(before: estimates.Layout, weights: estimates.Stored, ignore: list[str
     layers = ctx.model.num_layers
     extra = {"kv cache scales": 2 * layers * plain.nbytes(1, 1)} if kv_cache != "none" else {}
     if kept_parameters:
-        from llmopt.backends.compress._sensitivity import planned_bytes
-
-        extra[estimates.KEPT_PART] = planned_bytes(kept_parameters, 4, weights.group, not weights.zero_bits)
+        extra[estimates.KEPT_PART] = _sensitivity.planned_bytes(kept_parameters, 4, weights.group, not weights.zero_bits)
     return estimates.Layout("safetensors", dtype, linears, plain, head, extra, 2 * layers if kv_cache != "none" else 0, files,
                             estimates.SAFETENSORS_TENSOR_BYTES, before.notes, kept_parameters)
 
