@@ -85,6 +85,8 @@
 # its own parts: `bash benchmarks/sglang/prepare.sh` here makes .gpu/sg00 and .gpu/sg01; keep them as the other
 # parts (`keep .gpu/sg00`), and `run` installs them with benchmarks/sglang/install.sh (its log, sglang-install.log,
 # comes back in vllm-h200.tgz). Without FA3 (prepare.sh without SG_FA3=1) SGLang attends with Triton's kernels.
+# On the demo model sg-gptq and sg-awq stop at the plan (exit 2): its layers fit none of SGLang's Marlin tiles
+# (docs/deploy.md, "What serves what"); SGLang 0.5.17 died on that checkpoint on an H100 (2026-12-06).
 # The variant `spec` is speculative decoding on text: for each of GV_SPEC_MODELS (fp8 bf16: the variants' recipes,
 # without evals), the artifact without speculation and with ngram speculation of each of GV_SPEC_NGRAM ("4 8")
 # tokens (the models after the first get its first value only), each served once by vLLM from its own

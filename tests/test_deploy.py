@@ -14,7 +14,7 @@ import yaml
 from llmopt import api
 from llmopt.cli.main import main
 
-from conftest import link_tree, make_tiny_llama, tiny_recipe, write_recipe
+from conftest import ROOT, link_tree, make_tiny_llama, tiny_recipe, write_recipe
 
 SERVE = """
 [target]
@@ -185,6 +185,8 @@ def served(tmp_path, tiny_model, engine: str, steps: str, gpu: str | None, expor
     ("sglang", 'method = "modelopt_int4_awq"\nblock_size = 32', "H100", "error", "not INT4 AWQ"),
     ("sglang", 'method = "modelopt_int8_sq"', "H100", "error", "not INT8 SmoothQuant"),
     ("sglang", 'method = "fp8"', "H100", None, ""),
+    # the tiny model's o_proj (K 64, N 64) fits none of SGLang's Marlin tiles (test_sglang_marlin_tiles)
+    ("sglang", 'method = "gptq"\ngroup_size = 32', "H100", "error", "Marlin kernels have no tile for o_proj (K 64, N 64)"),
     ("ort", 'method = "modelopt_nvfp4"', None, "error", "does not read ModelOpt NVFP4"),
     ("ort", 'method = "fp8"', None, "error", "CUDA execution provider"),
     ("ort", 'method = "rtn"\nbits = 8\ngroup_size = 32', "L4", "error", "not W8A16"),
@@ -196,6 +198,33 @@ def test_what_serves_what(tiny_model, tmp_path, engine, steps, gpu, severity, te
     else:
         assert [p.severity for p in problems] == [severity], problems
         assert text in problems[0].message and problems[0].where.endswith(".method")
+
+
+def test_sglang_marlin_tiles():
+    """Seen on an H100 (2026-12-06): SGLang 0.5.17, started from the launch.sh llmopt wrote for
+    recipes/gptq-w4a16-vllm.toml with serve.backend = "sglang", died at its first forward pass: "Invalid thread
+    config ... for MKN = [8192, 576, 960]", the demo model's qkv_proj, which fits none of its Marlin kernel's tiles.
+    The plan now refuses it, naming the layers (per GPU at tensor parallel); shapes that tile (Llama-3-8B's, alone
+    and over 8 GPUs) pass."""
+    from llmopt.backends.serve.sglang import marlin_misfits
+    from llmopt.model.modelinfo import from_config
+
+    def llama(hidden, inter, heads, kv, head_dim=None):
+        return from_config({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+                            "intermediate_size": inter, "num_hidden_layers": 2, "num_attention_heads": heads,
+                            "num_key_value_heads": kv, "vocab_size": 1000, "head_dim": head_dim or hidden // heads})
+
+    demo = llama(576, 1536, 9, 3)
+    assert "qkv_proj (K 576, N 960), o_proj (K 576, N 576):" in marlin_misfits(demo)
+    eight_b = llama(4096, 14336, 32, 8)
+    assert marlin_misfits(eight_b) is None and marlin_misfits(eight_b, 8) is None
+    split = llama(1024, 2880, 16, 8)  # down_proj's input tiles whole, not halved over two GPUs
+    assert marlin_misfits(split) is None
+    assert "no tile for down_proj (K 1440, N 1024) at tensor parallel 2:" in marlin_misfits(split, 2)
+    problems = api.plan(ROOT / "recipes" / "gptq-w4a16-vllm.toml", ["serve.backend=sglang"]).errors
+    assert [p.where.split(": ")[-1] for p in problems] == ["compress[0].method"]
+    assert "served by sglang: SGLang's Marlin kernels have no tile for qkv_proj" in problems[0].message
+    assert 'serve.backend = "vllm"' in problems[0].hint
 
 
 @pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])

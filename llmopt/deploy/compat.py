@@ -12,7 +12,7 @@ recipe's stages declare they produce.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from llmopt.errors import Problem
@@ -29,6 +29,10 @@ class Rule:
     native_cc: tuple[int, int] | None = None  # below (and >= min_cc): a slower fallback (warning)
     needs_gpu: bool = False  # runs only on a GPU: an error when [target] names none
     fix: str = ""  # what to do instead, for "no"
+    # (model facts, tensor parallel size) -> why the consumer's kernels cannot run this model's layers in the
+    # format, or None; asked only where the plan knows the model (an error, with ``shapes_fix``)
+    shapes: Callable[..., str | None] | None = None
+    shapes_fix: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -44,8 +48,10 @@ def cc_text(cc: tuple[int, int]) -> str:
     return f"{cc[0]}.{cc[1]}"
 
 
-def judge(rules: Mapping[Format, Rule], fmt: Format, what: str, where: str, gpu) -> list[Problem]:
-    """Problems of handing ``fmt`` to the consumer whose declaration is ``rules``, on ``gpu`` (None: no GPU).
+def judge(rules: Mapping[Format, Rule], fmt: Format, what: str, where: str, gpu, info=None,
+          tensor_parallel: int = 1) -> list[Problem]:
+    """Problems of handing ``fmt`` to the consumer whose declaration is ``rules``, on ``gpu`` (None: no GPU), for
+    the model ``info`` (ModelInfo; None: unknown, its shapes unchecked) split over ``tensor_parallel`` GPUs.
 
     ``what`` names the hand-over in messages ("gptq output (compressed-tensors W4A16) served by vllm")."""
     if fmt == AS_INPUT:
@@ -57,6 +63,8 @@ def judge(rules: Mapping[Format, Rule], fmt: Format, what: str, where: str, gpu)
     if rule.status == "no":
         return [Problem(f"{what}: {rule.note}", where, rule.fix or "choose another method, format or engine")]
     problems = []
+    if rule.shapes is not None and info is not None and (why := rule.shapes(info, tensor_parallel)):
+        problems.append(Problem(f"{what}: {why}", where, rule.shapes_fix or "choose another method, format or engine"))
     if rule.status == "undocumented":
         problems.append(Problem(f"{what}: {rule.note}", where, severity="warning"))
     if rule.needs_gpu and gpu is None:

@@ -77,9 +77,13 @@ def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo
             problems += _handed_over(loaded, stage, rules, f"exported to {export.backend}", gpu)
     serve = loaded.recipe.serve
     if serve is not None:
-        rules = registry.get("serve", serve.backend)().accepts(loaded.options_for("serve", None))
+        options = loaded.options_for("serve", None)
+        rules = registry.get("serve", serve.backend)().accepts(options)
+        # the layers' shapes as served: the model after the compress steps (pruning), at the recipe's tensor
+        # parallel size (1 where the planner chooses it)
+        tp = getattr(options, "tensor_parallel_size", None) or 1
         for stage in produced:  # the artifact carries every step's format (2:4 zeros under int4 weights)
-            problems += _handed_over(loaded, stage, rules, f"served by {serve.backend}", gpu)
+            problems += _handed_over(loaded, stage, rules, f"served by {serve.backend}", gpu, info, tp)
     return problems
 
 
@@ -97,10 +101,12 @@ def node_problems(loaded: LoadedRecipe, gpu: GPU | None) -> list[Problem]:
                     "pipeline parallel spans the nodes")]
 
 
-def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: GPU | None) -> list[Problem]:
-    """Problems of handing the format ``stage`` declares it produces to a consumer that declares ``rules``."""
+def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: GPU | None,
+                 info: ModelInfo | None = None, tp: int = 1) -> list[Problem]:
+    """Problems of handing the format ``stage`` declares it produces to a consumer that declares ``rules``
+    (``info``: the model served, whose layer shapes a rule may check at tensor parallel ``tp``)."""
     from llmopt.deploy import compat
 
     fmt = stage.impl.produces(stage.options)
     where = loaded.where(*stage.step, "format" if stage.kind == "export" else "method")
-    return compat.judge(rules, fmt, f"{stage.backend} output ({fmt.label}) {to}", where, gpu)
+    return compat.judge(rules, fmt, f"{stage.backend} output ({fmt.label}) {to}", where, gpu, info, tp)

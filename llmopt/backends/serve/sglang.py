@@ -39,7 +39,39 @@ from llmopt.registry import register
 # quantization configs: compressed-tensors WNA16 takes 4- and 8-bit weights (WNA16_SUPPORTED_TYPES_MAP) on
 # Marlin kernels; the ModelOpt loaders (modelopt_quant.py) take FP8 (from CC 8.9), NVFP4 (native on Blackwell),
 # MXFP8 and mixed-precision checkpoints and raise for any other quant_algo (``MODELOPT_METHODS`` below).
-MARLIN = Rule("yes", "Marlin int4 kernels need CC 8.0", (8, 0))
+# SGLang's Marlin GEMM (sglang/kernels/jit/csrc/gemm/marlin/gptq_marlin.cuh, the same in 0.5.17 and 0.5.23) runs a
+# layer in tiles of (K, N) = (128, 128), (64, 128) or (128, 64), and (64, 256) for large batches, where K is the
+# layer's input width on one GPU and N its output width: a layer that no tile divides has no kernel, and the server
+# dies at its first forward pass ("Invalid thread config"). Its layers as SGLang fuses them: q, k and v in one
+# qkv_proj, gate and up in one gate_up_proj (column parallel: N split over the GPUs), o_proj and down_proj row
+# parallel (K split). Seen on an H100 (2026-12-06): SGLang 0.5.17 serving the demo model's W4A16 checkpoint died
+# on qkv_proj (K 576, N 960), which vLLM 0.26's Marlin kernels served.
+MARLIN_TILES = ((128, 128), (64, 128), (128, 64), (64, 256))
+
+
+def marlin_misfits(info, tp: int = 1) -> str | None:
+    """Why SGLang's Marlin kernels cannot run this model's layers at tensor parallel ``tp``, or None (also for
+    multi-head latent attention and routed experts, which go through other kernels and are not checked here)."""
+    if info.kv_lora_rank:
+        return None
+    q, kv = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    h, w = info.hidden_size, info.intermediate_size
+    layers = {"qkv_proj": (h, (q + 2 * kv) // tp), "o_proj": (q // tp, h)}
+    if not info.num_experts or info.dense_layers:
+        layers |= {"gate_up_proj": (h, 2 * w // tp), "down_proj": (w // tp, h)}
+    bad = [f"{name} (K {k}, N {n})" for name, (k, n) in layers.items()
+           if not any(k % tk == 0 and n % tn == 0 for tk, tn in MARLIN_TILES)]
+    if not bad:
+        return None
+    on = f" at tensor parallel {tp}" if tp > 1 else ""
+    return (f"SGLang's Marlin kernels have no tile for {', '.join(bad)}{on}: each layer's input width K must be "
+            "a multiple of 64 and its output width N of 128, or K of 128 and N of 64, else the server dies at its "
+            "first forward pass")
+
+
+MARLIN_FIX = ("serve it with serve.backend = \"vllm\" (whose Marlin kernels take these shapes), or quantize to FP8 "
+              "(method = \"fp8\"), which SGLang runs on other kernels")
+MARLIN = Rule("yes", "Marlin int4 kernels need CC 8.0", (8, 0), shapes=marlin_misfits, shapes_fix=MARLIN_FIX)
 MODELOPT_LOADS = ("SGLang 0.5.23's ModelOpt loaders take FP8, NVFP4 (also W4A16_NVFP4, NVFP4_AWQ), MXFP8 and "
                   "mixed-precision checkpoints")
 BLACKWELL = Rule("yes", "NVFP4 needs Blackwell (CC 10.0+)", (10, 0))
@@ -49,7 +81,7 @@ ACCEPTS: dict[formats.Format, Rule] = {
     formats.SPARSE_2_4: Rule("undocumented", "SGLang does not document 2:4 sparse checkpoints"),
     formats.CT_W4A16: MARLIN,
     formats.CT_W4A16_GIDX: MARLIN,
-    formats.CT_W8A16: Rule("yes", "Marlin kernels need CC 8.0", (8, 0)),
+    formats.CT_W8A16: Rule("yes", "Marlin kernels need CC 8.0", (8, 0), shapes=marlin_misfits, shapes_fix=MARLIN_FIX),
     formats.CT_WNA16: Rule("no", "SGLang's compressed-tensors WNA16 scheme takes 4- and 8-bit weights only",
                            fix="use bits = 4 or 8"),
     formats.CT_INT8: Rule("yes", "INT8 W8A8 needs CC 7.5", (7, 5)),
