@@ -240,3 +240,36 @@ def test_what_the_engine_cannot_run_is_generated_beside_it_by_the_runtime():
     assert [job.tokens for job in jobs] == [[101 + i for i in range(5)], [201 + i for i in range(5)],
                                             [301 + i for i in range(5)]]
     assert {p for prompts in batch.log for p in prompts} == {100}  # only the first ran in the engine
+
+
+@pytest.mark.parametrize("gather_max_s, first_batch", [(5.0, [1000, 2000, 3000, 4000]), (0.5, [1000, 2000, 3000])])
+def test_a_static_batch_gathers_requests_that_come_one_after_another(gather_max_s, first_batch):
+    """Seen on an H100 (2026-12-06): `llmopt serve --max-num-seqs 32` on the ONNX CUDA artifact, 8 closed-loop
+    clients, TTFT p50 598 ms, about one batch's decode. Clients whose answers end together send their next requests
+    over more than the 10 ms the static batch waited from the first, so batches formed of a few and the rest waited
+    for the whole of each. Now the batch starts once none has come for ``gather_s``, ``gather_max_s`` after the
+    first at most (the times here are 35x the server's, for a test on a busy machine)."""
+    from llmopt.server.batching import BatchScheduler
+    from llmopt.server.metrics import Metrics
+    from llmopt.server.scheduler import Job
+
+    class Decoder:
+        name, eos_ids = "fake", {0}
+
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    batch = FakeBatch(dynamic=False)
+    scheduler = BatchScheduler(Decoder(), batch, Metrics(), max_queue=8, max_num_seqs=8)
+    scheduler.gather_s, scheduler.gather_max_s = 0.35, gather_max_s
+    scheduler.start()
+    try:
+        jobs = [Job("completions", [p], 100) for p in (1000, 2000, 3000, 4000)]
+        for i, job in enumerate(jobs):
+            if i:
+                time.sleep(0.2)  # each within gather_s of the one before; the last 0.6 s after the first
+            scheduler.submit(job)
+        assert all(job.finished.wait(20) for job in jobs)
+    finally:
+        scheduler.close()
+    assert batch.log[0] == first_batch
