@@ -31,7 +31,7 @@ from llmopt.server.text import TextStream
 log = logging.getLogger("llmopt.server")
 # A static batch that is not full starts once no request has come for GATHER_S, GATHER_MAX_S after the first at most:
 # closed-loop clients whose answers ended together send their next requests over more than 10 ms (on an H100, 8
-# clients' next requests formed batches of a few, each waiting for the one before: TTFT 598 ms, about a batch).
+# such clients saw TTFT 598 ms, about one batch's decode, as if each batch held only some of them).
 GATHER_S = 0.01
 GATHER_MAX_S = 0.05
 
