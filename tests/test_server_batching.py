@@ -184,17 +184,20 @@ class FakeBatch:
         return out
 
 
+class Decoder:
+    """A runtime that only decodes (the engine, FakeBatch, makes the tokens), with one end-of-sequence id."""
+
+    name, eos_ids = "fake", {0}
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_a_waiting_request_joins_a_dynamic_batch_at_the_next_step_and_a_static_one_when_it_ends(dynamic):
     from llmopt.server.batching import BatchScheduler
     from llmopt.server.metrics import Metrics
     from llmopt.server.scheduler import Job
-
-    class Decoder:
-        name, eos_ids = "fake", {0}
-
-        def decode(self, ids):
-            return " ".join(map(str, ids))
 
     batch = FakeBatch(dynamic)
     scheduler = BatchScheduler(Decoder(), batch, Metrics(), max_queue=4, max_num_seqs=2)
@@ -246,18 +249,12 @@ def test_what_the_engine_cannot_run_is_generated_beside_it_by_the_runtime():
 def test_a_static_batch_gathers_requests_that_come_one_after_another(gather_max_s, first_batch):
     """Seen on an H100 (2026-12-06): `llmopt serve --max-num-seqs 32` on the ONNX CUDA artifact, 8 closed-loop
     clients, TTFT p50 598 ms, about one batch's decode. Clients whose answers end together send their next requests
-    over more than the 10 ms the static batch waited from the first, so batches formed of a few and the rest waited
-    for the whole of each. Now the batch starts once none has come for ``gather_s``, ``gather_max_s`` after the
+    over more than the 10 ms the static batch waited from the first; the test's second and later requests each
+    come within the quiet window of the one before. Now the batch starts once none has come for ``gather_s``, ``gather_max_s`` after the
     first at most (the times here are 35x the server's, for a test on a busy machine)."""
     from llmopt.server.batching import BatchScheduler
     from llmopt.server.metrics import Metrics
     from llmopt.server.scheduler import Job
-
-    class Decoder:
-        name, eos_ids = "fake", {0}
-
-        def decode(self, ids):
-            return " ".join(map(str, ids))
 
     batch = FakeBatch(dynamic=False)
     scheduler = BatchScheduler(Decoder(), batch, Metrics(), max_queue=8, max_num_seqs=8)
