@@ -211,12 +211,15 @@ def test_bench_sends_the_records_in_order_and_names_the_dataset(tmp_path):
     options = {"concurrency": [1], "requests": 4, "warmup": 1, "plots": False, "split": []}
     with Running("--owned-by", "vllm") as server:
         result = run_bench(server.url, {"dataset": str(path), "output_len": 9}, {}, options, tmp_path / "out")
-        chat = run_bench(server.url, {"dataset": str(path)}, {}, options | {"endpoint": "chat", "warmup": 0},
-                         tmp_path / "chat")
+        chat = run_bench(server.url, {"dataset": str(path)}, {}, options | {"endpoint": "chat", "warmup": 0,
+                                                                          "ignore_eos": True}, tmp_path / "chat")
         truth = sorted(server.truth().values(), key=lambda r: int(r["id"][1:]))
     sent = [(r["prompt"], r["max_tokens"]) for r in truth[:5]]  # warm-up, then the measured ones, around again
     assert sent == [("one", 3), ("two", 5), ("Be brief.\n\nHi?", 2), ("one", 3), ("two", 5)]
-    assert all("ignore_eos" in r["keys"] for r in truth)
+    # a text workload's answers end where the model ends them, even on an engine that takes ignore_eos; asked for, it
+    # is sent
+    assert not any("ignore_eos" in r["keys"] for r in truth[:5]) and all("ignore_eos" in r["keys"] for r in truth[5:])
+    assert result["client"]["sent"]["ignore_eos"] is False and chat["client"]["sent"]["ignore_eos"] is True
     assert [r["messages"] for r in truth[5:7]] == [[{"role": "user", "content": "one"}], [{"role": "user", "content": "two"}]]
     assert truth[7]["messages"] == [SYSTEM, USER]
     info = result["dataset"]

@@ -35,8 +35,9 @@ class BenchOptions(BaseModel):
         "/v1/chat/completions (text prompts).")
     model: Optional[str] = Field(None, description="Model name sent in requests (default: the first of GET /v1/models).")
     ignore_eos: Optional[bool] = Field(
-        None, description="Send ignore_eos so every answer has output_len tokens; default: yes for vLLM, SGLang and "
-        "TensorRT-LLM (from /v1/models owned_by), no otherwise (llmopt serve and OpenAI reject it).")
+        None, description="Send ignore_eos so every answer has output_len tokens; default: with random prompts, yes "
+        "for vLLM, SGLang, TensorRT-LLM and llmopt serve (from /v1/models owned_by), no otherwise (OpenAI's API "
+        "rejects it); with a text workload (dataset), no: answers end where the model ends them.")
     vocab_size: Optional[int] = Field(
         None, ge=16, description="Vocabulary size for token-id prompts (default: the model folder's config.json; "
         "a URL without it gets text prompts).")

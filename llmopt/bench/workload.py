@@ -10,9 +10,12 @@ its prompts instead, each with its own ``max_tokens``, in the data set's order.
 What is sent: ``model``, the prompt, ``max_tokens``, ``temperature: 0``, ``stream: true``
 and ``stream_options: {include_usage: true}``, which every OpenAI-compatible server
 accepts. Servers that accept it (vLLM, SGLang, TensorRT-LLM and ``llmopt serve``, told
-apart by ``owned_by`` in GET /v1/models) also get ``ignore_eos: true``, so every answer
-is ``output_len`` tokens long; a server of another kind may refuse an argument it does
-not know (OpenAI's API answers 400), so it gets only the fields above.
+apart by ``owned_by`` in GET /v1/models) also get ``ignore_eos: true`` with random prompts,
+so every answer is ``output_len`` tokens long; a server of another kind may refuse an argument
+it does not know (OpenAI's API answers 400), so it gets only the fields above. A text workload's
+requests go without it: each answer ends where the model ends it, its record's ``max_tokens``
+a cap, as a user's would (what speculative decoding and prefix caching gain depends on the
+text the model really writes; vLLM's own benchmark also leaves ignore_eos off unless asked).
 """
 
 from __future__ import annotations
@@ -63,11 +66,19 @@ def text_prompt(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
+def sends_ignore_eos(options: BenchOptions, server: str, texts: Prepared | None) -> bool:
+    """Whether the requests carry ``ignore_eos: true``: as ``options.ignore_eos`` says, else only random prompts
+    to a server that accepts it."""
+    if options.ignore_eos is not None:
+        return options.ignore_eos
+    return texts is None and server in IGNORE_EOS_SERVERS
+
+
 def bodies(workload: Workload, options: BenchOptions, model: str, server: str, vocab: int | None, n: int,
            seed: int, texts: Prepared | None = None) -> list[bytes]:
     """``n`` encoded request bodies; ``seed`` makes them repeatable (and distinct between points). With a text
     workload (``texts``), its next ``n`` requests instead."""
-    ignore_eos = options.ignore_eos if options.ignore_eos is not None else server in IGNORE_EOS_SERVERS
+    ignore_eos = sends_ignore_eos(options, server, texts)
     if texts is not None:
         return [text_body(r, model, ignore_eos) for r in texts.take(n)]
     rng = random.Random(seed)
@@ -101,7 +112,7 @@ def text_body(request: Request, model: str, ignore_eos: bool) -> bytes:
 
 def sent_fields(options: BenchOptions, server: str, vocab: int | None, texts: Prepared | None = None) -> dict:
     """What the requests carry, for the results."""
-    ignore_eos = options.ignore_eos if options.ignore_eos is not None else server in IGNORE_EOS_SERVERS
+    ignore_eos = sends_ignore_eos(options, server, texts)
     prompt = "chat messages (text)" if options.endpoint == "chat" else ("token ids" if vocab else "text")
     if texts is not None:
         prompt = f"{'chat messages' if options.endpoint == 'chat' else 'text'} from {texts.dataset.name}"

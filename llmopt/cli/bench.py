@@ -34,7 +34,7 @@ def bench(
     model: Annotated[Optional[str], typer.Option(help="Model name to send (default: the first of GET /v1/models).")] = None,
     engine: Annotated[str, typer.Option(help="For a folder: auto (its deploy/<engine>/launch.sh, else llmopt serve), llmopt, ort, vllm, sglang or trtllm.")] = "auto",
     port: Annotated[Optional[int], typer.Option(help="Port for a started server (default: a free one).")] = None,
-    ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos (default: only to vLLM, SGLang, TensorRT-LLM and llmopt serve).")] = None,
+    ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos (default: with random prompts only, to vLLM, SGLang, TensorRT-LLM and llmopt serve; never with --dataset).")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size, for token-id prompts to a URL.")] = None,
     split: Annotated[Optional[list[str]], typer.Option("--split", help="Prompt lengths of the prefill / decode split, one request at a time: --split 128,512,2048; --split off: none. Default: 128, 512, 2048 against llmopt serve (those that fit its context), none against other servers.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompts and of the Poisson arrivals.")] = 0,
