@@ -90,3 +90,13 @@ def test_parse_sums_engines_and_reads_positions():
             'vllm:num_requests_running{engine="0"} 2.0\n')
     assert speculation.parse(text) == {"drafts": 15.0, "position:1": 3.0}
     assert speculation.point({"drafts": 1.0}, {"drafts": 1.0}, 4) is None  # nothing drafted in the window
+
+
+def test_the_batching_engine_s_mean_batch_per_point():
+    """llmopt serve's batch-size histogram, differenced over a point: its mean batch (the H100's batches of the ONNX
+    CUDA artifact were once only inferred from TTFT)."""
+    before = speculation.parse("llmopt_batch_size_bucket{le=\"1\"} 3\nllmopt_batch_size_sum 3\nllmopt_batch_size_count 3\n")
+    after = speculation.parse("llmopt_batch_size_sum 43\nllmopt_batch_size_count 8\nllmopt_queue_depth 0\n")
+    assert before == {"batch_sequences": 3.0, "engine_steps": 3.0}
+    assert speculation.batching(before, after) == {"source": "llmopt /metrics", "engine_steps": 5, "mean_batch_size": 8.0}
+    assert speculation.batching(after, after) is None and speculation.point(before, after, 4) is None

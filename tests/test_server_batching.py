@@ -96,6 +96,7 @@ def test_concurrent_greedy_requests_answer_as_each_does_alone(onnx_model, alone)
         assert stopped["finish_reason"] == "stop" and stopped["text"] == alone[3]["choices"][0]["text"].split(stop)[0]
         metrics = httpx.get(base + "/metrics").text
         assert 'llmopt_scheduler_info{max_num_seqs="4",scheduler="engine-static"} 1' in metrics
+        assert f"llmopt_batch_size_count {len(seen)}\n" in metrics and f"llmopt_batch_size_sum {float(sum(seen))}\n" in metrics
         assert httpx.get(base + "/health").json()["scheduler"] == "engine-static"
 
 

@@ -171,11 +171,12 @@ def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, wor
         say(f"{label}: {requests} requests" + (f" (repeat {repeat + 1}/{options.repeats})" if options.repeats > 1 else ""))
         before = speculation.scrape(ctx["base"]) if ctx.get("base") else None
         got = client.run(ctx["url"], kind, value, bodies, warm, options.request_timeout_s, seed)
-        accepted = speculation.point(before, speculation.scrape(ctx["base"]) if before else None,
-                                     len(got["records"]) + len(got["warmup"]))
+        after = speculation.scrape(ctx["base"]) if before else None
+        accepted = speculation.point(before, after, len(got["records"]) + len(got["warmup"]))
+        batches = speculation.batching(before, after)
         costs = metrics.client_costs(got["client_cpu_s"], got["client_wall_s"], got["loop_lag_s"])
         repeats.append(metrics.summarize(got["records"], ctx["slo"], costs) | (
-            {"speculation": accepted} if accepted else {}))
+            {"speculation": accepted} if accepted else {}) | ({"batching": batches} if batches else {}))
         origin = min((r.start for r in got["records"]), default=0.0)
         ctx["rows"] += [{"point": index, "repeat": repeat, **r.to_dict(origin)} for r in got["warmup"] + got["records"]]
     point = {"load": {"kind": kind, "value": value}, **metrics.median_of(repeats)}
@@ -185,7 +186,7 @@ def run_point(ctx: dict, index: int, kind: str, value: float, requests: int, wor
         f"{point['output_throughput']:.1f} output tok/s" + (f", TTFT p99 {point['ttft_ms']['p99']:.1f} ms"
                                                             if point["ttft_ms"] else "")
         + (f", {point['speculation']['mean_acceptance_length']:.2f} tokens per step" if point.get("speculation")
-           else ""))
+           else "") + (f", mean batch {point['batching']['mean_batch_size']:.2f}" if point.get("batching") else ""))
     return point
 
 

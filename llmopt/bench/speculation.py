@@ -15,6 +15,9 @@ point's own (its warm-up requests included), not the server's lifetime average:
   tokens - requests, each request's first token coming from its prefill) / verify steps; acceptance rate =
   (length - 1) / tokens drafted per step (the gauge ``sglang:spec_num_draft_tokens`` less one).
 
+``llmopt serve`` with a batching engine (``--max-num-seqs``) has the histogram ``llmopt_batch_size`` (sequences
+in each engine step): its ``_sum`` and ``_count`` over a point give the point's mean batch (``batching``).
+
 A server whose ``/metrics`` has none of these (no speculation, llmopt serve, TensorRT-LLM, whose ``/metrics`` is
 JSON iteration statistics) gives None: the bench shows no acceptance columns then.
 """
@@ -30,6 +33,7 @@ VLLM = {"vllm:spec_decode_num_drafts_total": "drafts", "vllm:spec_decode_num_dra
 VLLM_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 SGLANG = {"sglang:spec_verify_calls_total": "verify_steps", "sglang:generation_tokens_total": "output_tokens",
           "sglang:spec_num_draft_tokens": "draft_window"}
+LLMOPT = {"llmopt_batch_size_sum": "batch_sequences", "llmopt_batch_size_count": "engine_steps"}
 LINE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 POSITION = re.compile(r'position="(\d+)"')
 
@@ -47,8 +51,8 @@ def parse(text: str) -> dict:
             number = float(value)
         except ValueError:
             continue
-        if name in VLLM or name in SGLANG:
-            key = VLLM.get(name) or SGLANG[name]
+        if name in VLLM or name in SGLANG or name in LLMOPT:
+            key = VLLM.get(name) or SGLANG.get(name) or LLMOPT[name]
             out[key] = number if key == "draft_window" else out.get(key, 0.0) + number
         elif name == VLLM_PER_POSITION and (pos := POSITION.search(labels or "")):
             key = f"position:{pos.group(1)}"
@@ -87,3 +91,14 @@ def point(before: dict | None, after: dict | None, requests: int) -> dict | None
                 "acceptance_rate": round((length - 1) / window, 4) if window > 0 and length >= 1 else None,
                 "mean_acceptance_length": round(length, 3)}
     return None
+
+
+def batching(before: dict | None, after: dict | None) -> dict | None:
+    """The engine steps of llmopt serve's batching scheduler between two scrapes and their mean batch, or None."""
+    if not before or not after:
+        return None
+    steps = after.get("engine_steps", 0.0) - before.get("engine_steps", 0.0)
+    if steps <= 0:
+        return None
+    sequences = after.get("batch_sequences", 0.0) - before.get("batch_sequences", 0.0)
+    return {"source": "llmopt /metrics", "engine_steps": int(steps), "mean_batch_size": round(sequences / steps, 2)}

@@ -150,7 +150,8 @@ class BatchScheduler(Scheduler):
         for running in list(self._active):
             if running.job.cancelled.is_set() and not running.done:
                 self._end(running, None)
-        if any(r.turn is not None for r in self._active):
+        if turns := sum(1 for r in self._active if r.turn is not None):
+            self.metrics.observe(self.metrics.batch, turns)
             try:
                 events = self.batch.step()
             except Exception as exc:  # the engine failed: every job in it fails

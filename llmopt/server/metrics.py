@@ -2,7 +2,7 @@
 
 Counters of requests by endpoint and outcome and of prompt / generated tokens,
 gauges of the queue, and histograms of queue wait, time to first token, time per
-output token and request latency. Thread-safe: the worker thread and the event
+output token, request latency and the batching engine's sequences per step. Thread-safe: the worker thread and the event
 loop both record.
 """
 
@@ -16,6 +16,7 @@ ENDPOINTS = ("completions", "chat")
 # ok: answered in full; cancelled: the client went away; the rest answered with an HTTP error
 STATUSES = ("ok", "cancelled", "invalid", "not_found", "queue_full", "error")
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, math.inf)
+BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, math.inf)
 TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
 
 
@@ -59,6 +60,8 @@ class Metrics:
                               "Mean time between generated tokens after the first, per request.", TOKEN_SECONDS)
         self.latency = Histogram("llmopt_request_latency_seconds", "Time from arrival to the last token, "
                                  "for requests answered in full.")
+        self.batch = Histogram("llmopt_batch_size", "Sequences in each step of the batching engine (--max-num-seqs).",
+                               BATCH)
 
     def count(self, endpoint: str, status: str) -> None:
         with self.lock:
@@ -98,7 +101,7 @@ class Metrics:
                 out += ["# HELP llmopt_scheduler_info The scheduler generating: single, processes (--parallel), "
                         "engine-static or engine-dynamic (--max-num-seqs).", "# TYPE llmopt_scheduler_info gauge",
                         f"llmopt_scheduler_info{{{labels}}} 1"]
-            for histogram in (self.queue_wait, self.ttft, self.tpot, self.latency):
+            for histogram in (self.queue_wait, self.ttft, self.tpot, self.latency, self.batch):
                 out += histogram.lines()
         return "\n".join(out) + "\n"
 
