@@ -54,7 +54,9 @@
 # point costs what its requests cost one after another on each worker. The variant `ortcuda-batch` is the same
 # artifact served by one `llmopt serve --max-num-seqs GV_ORT_BATCH (32)`: requests batched by onnxruntime-genai's
 # engine over one copy of the model (docs/serve.md, "Batching"); `ortcuda-sens` is that, with the GPTQ settings of
-# recipes/gptq-w4a16-vllm.toml (zero points, groups of 32, 16 layer groups kept at 8 bits). The variant `modelopt` is
+# recipes/gptq-w4a16-vllm.toml (zero points, groups of 32, 16 layer groups kept at 8 bits), which the recipe ships
+# since 2026-12-06 (so ortcuda and ortcuda-batch have them too from then on); `ortcuda-paged` is ortcuda-batch
+# exported with the builder's use_paged_attention, for onnxruntime-genai's dynamic engine (not yet run on a GPU). The variant `modelopt` is
 # recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
 #
 # The variant `sweep` is `llmopt sweep GV_SWEEP (benchmarks/quickstart-4bit.toml)` on the demo model: its
@@ -124,9 +126,12 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     int8) echo "recipes/int8-sq-a100.toml" ;;
     ortcuda) echo "recipes/gptq-onnx-cuda.toml -s serve.parallel=${GV_ORT_PARALLEL:-8}" ;;
     ortcuda-batch) echo "recipes/gptq-onnx-cuda.toml -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;  # one copy, batched
-    ortcuda-sens)  # the GPU 4-bit recipe's settings (zero points, groups of 32, 16 groups at 8 bits) into the CUDA EP, batched
+    ortcuda-sens)  # the settings the recipe ships since 2026-12-06 (zero points, groups of 32, 16 groups at 8 bits)
       echo "recipes/gptq-onnx-cuda.toml -s compress.0.group_size=32 -s compress.0.symmetric=false \
 -s compress.0.sensitive_layers=16 -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
+    ortcuda-paged)  # exported with PagedAttention: onnxruntime-genai's dynamic engine (continuous batching), not its static one
+      echo "recipes/gptq-onnx-cuda.toml -s export.builder_options={use_paged_attention=\"true\"} \
+-s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
     draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
     sg-*) local base; base=$(recipe_of "${1#sg-}") || return 1  # the same recipe served by SGLang (header)
@@ -309,7 +314,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
       [ "${GV_BENCH:-1}" = 0 ] && continue  # accuracy only (GV_SERVED_EVAL), no bench
       conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
-      case $v in ortcuda|ortcuda-batch|ortcuda-sens) conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64} ;; esac
+      case $v in ortcuda|ortcuda-batch|ortcuda-sens|ortcuda-paged) conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64} ;; esac
       c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
       conc=${!c_of:-$conc} n=${!n_of:-$n}
       t=$(date +%s)
