@@ -2,8 +2,8 @@
 
 Counters of requests by endpoint and outcome and of prompt / generated tokens,
 gauges of the queue, and histograms of queue wait, time to first token, time per
-output token, request latency and the batching engine's sequences per step. Thread-safe: the worker thread and the event
-loop both record.
+output token, request latency and the batching engine's sequences per step.
+Thread-safe: the worker thread and the event loop both record.
 """
 
 from __future__ import annotations
