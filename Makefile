@@ -25,9 +25,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/llmopt run recipes/quickstart.toml
 
-# Two workers (pytest-xdist): one runs the quickstart and the tests of its artifact, the other everything else.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

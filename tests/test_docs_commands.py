@@ -50,8 +50,6 @@ import pytest
 
 from conftest import BACKGROUND_RECIPES, ROOT, link_tree, module_folder
 
-pytestmark = pytest.mark.xdist_group("quickstart")  # with the quickstart run, on one worker (tests/conftest.py)
-
 # README.md last: its second recipe (gguf-onnx-cpu.toml) is still running in the background, on the shared run's
 # cache, while the other pages run (tests/conftest.py, Quickstart.wait_background)
 DOCS = [*(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))), "README.md"]

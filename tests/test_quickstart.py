@@ -6,8 +6,6 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("quickstart")  # with the quickstart run, on one worker (tests/conftest.py)
-
 
 @pytest.mark.slow
 def test_quickstart_runs_end_to_end(tmp_path, quickstart):

@@ -90,7 +90,6 @@ def test_every_recorded_run_passes_the_recipe_as_shipped():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("quickstart")  # with the quickstart run, on one worker (tests/conftest.py)
 def test_the_suite_s_runs_of_the_shipped_recipes_hold_their_records(quickstart):
     """The quickstart and gguf-onnx-cpu, as the suite's shared run builds them on this machine, against the record."""
     quickstart.wait_background()
