@@ -56,8 +56,9 @@
 # engine over one copy of the model (docs/serve.md, "Batching"); `ortcuda-sens` is that, with the GPTQ settings of
 # recipes/gptq-w4a16-vllm.toml (zero points, groups of 32, 16 layer groups kept at 8 bits), which the recipe ships
 # since 2026-12-06 (so ortcuda and ortcuda-batch have them too from then on); `ortcuda-paged` is ortcuda-batch
-# exported with the builder's use_paged_attention, for onnxruntime-genai's dynamic engine (not yet run on a GPU). The variant `modelopt` is
-# recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache) served by vLLM.
+# exported with the builder's use_paged_attention, for onnxruntime-genai's dynamic engine (not yet run on a GPU).
+# The variant `modelopt` is recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache)
+# served by vLLM.
 #
 # The variant `sweep` is `llmopt sweep GV_SWEEP (benchmarks/quickstart-4bit.toml)` on the demo model: its
 # variants compressed on the GPU, exported to ONNX and scored on the CPU EP, with no vLLM and no bench (pack
