@@ -47,8 +47,9 @@ def main() -> None:
     args = parser.parse_args()
     model_dir, draft_dir = args.artifact / "model", args.artifact / "draft"
     target, draft = TransformersRuntime(model_dir, "cpu"), TransformersRuntime(draft_dir, "cpu")
-    items = datasets.load(args.dataset, Path(".")).items[: args.prompts]
-    requests = datasets.prepare(datasets.load(args.dataset), "chat", 256, "data", model_dir, None).requests
+    data = datasets.load(args.dataset, Path("."))
+    items = data.items[: args.prompts]
+    requests = datasets.prepare(data, "chat", 256, "data", model_dir, None).requests
     parts: dict[str, list[dict]] = {}
     for index, (item, request) in enumerate(zip(items, requests)):
         ids = prompt_ids(target, model_dir, item)
