@@ -17,6 +17,7 @@
 #   .gpu/ort: onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl (the variant ortcuda; 256 MB,
 #     packed as its unpacked files in xz, about a third smaller)
 #   bash benchmarks/gpu_vllm.sh pack                   # -> .gpu/p00 .. .gpu/pNN, one part each
+#   or all of the above in one go (the pins it downloads are written in it): bash benchmarks/gpu_prepare.sh
 #
 # Device calls (the `run` tool), each within 30 s of the last one's end, since the machine is given
 # back after 30 s idle and /tmp with it:
@@ -130,9 +131,10 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     ortcuda-sens)  # the settings the recipe ships since 2026-12-06 (zero points, groups of 32, 16 groups at 8 bits)
       echo "recipes/gptq-onnx-cuda.toml -s compress.0.group_size=32 -s compress.0.symmetric=false \
 -s compress.0.sensitive_layers=16 -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
-    ortcuda-paged)  # exported with PagedAttention: onnxruntime-genai's dynamic engine (continuous batching), not its static one
-      echo "recipes/gptq-onnx-cuda.toml -s export.builder_options={use_paged_attention=\"true\"} \
--s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
+    ortcuda-paged)  # exported with PagedAttention: onnxruntime-genai's dynamic engine (continuous batching), not its static one;
+      # without the export's verify and the evals, which feed the graph one unpacked sequence (a plain session, og.Generator)
+      echo "recipes/gptq-onnx-cuda.toml -s export.builder_options={use_paged_attention=\"true\"} -s export.verify=off \
+-s eval=[] -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
     draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
     sg-*) local base; base=$(recipe_of "${1#sg-}") || return 1  # the same recipe served by SGLang (header)
