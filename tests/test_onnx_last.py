@@ -64,6 +64,23 @@ def test_a_graph_without_a_logits_matmul_is_left_alone(tmp_path):
     assert onnx_last.graphs(tmp_path) == {} and not (tmp_path / "model.last.onnx").exists()
 
 
+def test_a_packed_graph_of_the_dynamic_engine_is_left_alone(tmp_path):
+    """A graph built with PagedAttention (onnxruntime-genai's continuous-batching engine) packs every sequence's
+    tokens into one axis: hidden [tokens, H], logits [tokens, V]. Gathering position -1 of axis 1 there took a
+    hidden column, and llmopt serve died loading the graph (MatMul: incompatible dimensions, an H100, 2026-12-06)."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 48)).astype(np.float32), "lm_head.weight")
+    nodes = [helper.make_node("PagedAttention", ["x"], ["hidden"], name="/model/layers.0/attn/PagedAttention",
+                              domain="com.microsoft"),
+             helper.make_node("MatMul", ["hidden", "lm_head.weight"], ["logits"], name="/lm_head/MatMul")]
+    graph = helper.make_graph(nodes, "packed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["total_tokens", 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["total_tokens", 48])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, tmp_path / "model.onnx")
+    assert onnx_last.write(tmp_path / "model.onnx") is None
+    assert onnx_last.graphs(tmp_path) == {} and not (tmp_path / "model.last.onnx").exists()
+
+
 def test_an_index_naming_a_missing_graph_is_ignored(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"")
     (tmp_path / "graphs.json").write_text(json.dumps({"all_logits": "model.onnx", "last_logits": "model.last.onnx"}))

@@ -28,14 +28,16 @@ HEAD_OPS = ("MatMul", "MatMulNBits")
 
 def write(model_file: Path) -> dict | None:
     """Write the last-position graph of ``model_file`` and ``graphs.json`` beside it; returns the index
-    written, or None when the graph has no ``logits`` computed by a MatMul (nothing to prune)."""
+    written, or None when the graph has no ``logits`` computed by a MatMul (nothing to prune) or is packed: a
+    graph built with PagedAttention for onnxruntime-genai's continuous-batching engine holds every sequence's
+    tokens on one axis (logits ``[tokens, vocab]``), and that engine picks each sequence's last position itself."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(model_file, load_external_data=False)
     graph = model.graph
     head = head_node(graph)
-    if head is None:
+    if head is None or packed(graph):
         return None
     index = helper.make_tensor("/lm_head/last/index", TensorProto.INT64, [], [-1])
     axes = helper.make_tensor("/lm_head/last/axes", TensorProto.INT64, [1], [1])
@@ -56,6 +58,13 @@ def write(model_file: Path) -> dict | None:
     written = {"all_logits": model_file.name, "last_logits": GRAPH}
     (model_file.parent / INDEX).write_text(json.dumps(written, indent=2) + "\n")
     return written
+
+
+def packed(graph) -> bool:
+    """Whether the graph's sequences are packed on one axis (PagedAttention, logits of rank 2), not [batch, seq]."""
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    rank = len(logits.type.tensor_type.shape.dim) if logits is not None else 3
+    return rank != 3 or any(node.op_type == "PagedAttention" for node in graph.node)
 
 
 def head_node(graph):
