@@ -170,6 +170,21 @@ def test_plan_refuses_what_the_builder_cannot_take_on_cpu(tmp_path, tiny_model):
     assert 'set precision = "int4"' in text
 
 
+def test_plan_refuses_a_paged_export_with_the_check_or_evals_that_cannot_feed_it(tmp_path, tiny_model):
+    """A PagedAttention export (the builder's use_paged_attention, for onnxruntime-genai's continuous-batching
+    engine) takes sequences packed with their block tables, which only that engine feeds: the export's check (one
+    plain session) and the evals (og.Generator) cannot run it. Said at plan time, not as an ONNX Runtime error after
+    the compression."""
+    paged = '[export]\nformat = "onnx"\nexecution_provider = "cuda"\nbuilder_options = { use_paged_attention = "true" }\n'
+    text = plan_problems(tmp_path, tiny_model, paged)
+    assert "use_paged_attention" in text and 'verify = "off"' in text and "[[eval]]" in text
+    text = plan_problems(tmp_path, tiny_model, paged + 'verify = "off"\n')
+    assert "[[eval]]" in text and 'verify = "off"' not in text
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model).split("[[eval]]")[0] + paged + 'verify = "off"\n',
+                          name="served.toml")
+    assert not [p for p in api.plan(recipe, cache_dir=tmp_path / "cache").errors if "paged" in str(p)]
+
+
 def test_online_rotations_are_refused_and_folded_ones_are_not():
     """A compressed-tensors W4A16 checkpoint whose transforms act at inference (QuIP, SpinQuant R3/R4) cannot reach
     ONNX: MatMulNBits would compute without them. Rotations folded into the weights (SpinQuant R1/R2) can."""

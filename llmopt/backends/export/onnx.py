@@ -203,6 +203,7 @@ class OnnxExport(ExportBackend):
         if options.shared_embeddings and not info.tie_embeddings:
             problems.append(ctx.problem("shared_embeddings needs a model with tied embeddings (tie_word_embeddings)",
                                         "shared_embeddings", hint="remove shared_embeddings"))
+        problems += paged_problems(options, ctx)
         if options.exclude_lm_head and ctx.recipe.recipe.eval:
             problems.append(ctx.problem("exclude_lm_head removes the logits every [[eval]] scores", "exclude_lm_head",
                                         hint="keep the LM head, or remove the evals"))
@@ -520,6 +521,26 @@ def trt_profile_entries(model: dict, lengths: list[int]) -> dict[str, str]:
     prefix = "ep.nvtensorrtrtxexecutionprovider.nv_profile_"
     return {prefix + "min_shapes": shapes(1, 0, 1), prefix + "opt_shapes": shapes(1, opt, opt + 1),
             prefix + "max_shapes": shapes(high, high, high)}
+
+
+def paged_problems(options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
+    """A PagedAttention export (``use_paged_attention``, for onnxruntime-genai's continuous-batching engine) takes
+    the sequences of a step packed on one axis with their KV-cache block tables, which only that engine feeds. The
+    export's check runs one plain session and the evals og.Generator: neither can run such a graph."""
+    if str(options.builder_options.get("use_paged_attention", "")).lower() not in ("true", "1"):
+        return []
+    problems = []
+    why = ("a use_paged_attention graph takes packed sequences and block tables, which only onnxruntime-genai's "
+           "engine (llmopt serve --max-num-seqs) feeds")
+    if options.verify != "off":
+        problems.append(ctx.problem(f"the export's check cannot run it: {why}", "verify",
+                                    hint='set verify = "off"; the same recipe without use_paged_attention checks '
+                                    "the same weights"))
+    if ctx.recipe.recipe.eval:
+        problems.append(ctx.problem(f"no [[eval]] can score it: {why}", "builder_options",
+                                    hint="remove the evals here and gate the same recipe without use_paged_attention "
+                                    "(its compression is the same cached stage: the same weights)"))
+    return problems
 
 
 def verify_stage(model_dir: Path, options: OnnxExportOptions, ctx: StageContext) -> dict:
