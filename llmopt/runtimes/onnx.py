@@ -118,6 +118,9 @@ class OnnxRuntime:
         config = self.og.Config(str(self.model_dir))
         if self.device == "cpu":  # the folder may be tuned for a GPU EP; run it on the CPU EP here
             config.clear_providers()
+            if os.environ.get("LLMOPT_CPU_THREADS"):  # a busy machine: this many threads, not the folder's
+                config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+                    "intra_op_num_threads": scoring_threads()}}}}))
         if filename:
             config.overlay(json.dumps({"model": {"decoder": {"filename": filename}}}))
         if overlay:
