@@ -123,7 +123,7 @@ def once_per_run(tmp_path_factory, name: str, build) -> Path:
     """A folder ``build(folder)`` fills once for the whole run. Alone, in this session's temporary folder; under
     pytest-xdist (``make test`` runs two workers) in the folder the workers share, by the first worker that asks,
     the others waiting on a lock until it is done."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not WORKER:
         folder = tmp_path_factory.mktemp(name)
         build(folder)
         return folder

@@ -63,8 +63,8 @@ def write(model_file: Path) -> dict | None:
 def packed(graph) -> bool:
     """Whether the graph's sequences are packed on one axis (PagedAttention, logits of rank 2), not [batch, seq]."""
     logits = next((o for o in graph.output if o.name == "logits"), None)
-    rank = len(logits.type.tensor_type.shape.dim) if logits is not None else 3
-    return rank != 3 or any(node.op_type == "PagedAttention" for node in graph.node)
+    rank = len(logits.type.tensor_type.shape.dim) if logits is not None else None
+    return rank == 2 or any(node.op_type == "PagedAttention" for node in graph.node)
 
 
 def head_node(graph):
