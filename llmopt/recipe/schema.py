@@ -50,8 +50,9 @@ class ModelSection(Section):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="Precision the model is loaded in before compression, and its unquantized tensors "
-        "are saved in. On a CPU, awq, gptq and int8_sq compute in float32 and save in this dtype: 16-bit matrix "
-        "products are several times slower there without native bfloat16."
+        "are saved in. On a CPU, every calibrating method (awq, gptq, int8_sq, fp8_static, nvfp4, autoround, "
+        "sparsegpt, the prune and modelopt methods) computes in float32 and saves in this dtype (modelopt methods: "
+        "bfloat16): 16-bit matrix products are several times slower there without native bfloat16."
     )
     trust_remote_code: bool = Field(
         False, description="Run Python code shipped with the model. Off by default: enable only for sources you trust."

@@ -26,7 +26,8 @@ from llmopt.model import estimates
 from llmopt.libraries import require
 from llmopt.backends.compress import _sensitivity
 from llmopt.backends.compress._checks import ignored
-from llmopt.backends.compress._common import TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes
+from llmopt.backends.compress._common import (TOKENIZER_FILES, copy_tokenizer_files, cpu_threads, folder_bytes,
+                                              widen_on_cpu)
 from llmopt.errors import StageFailed
 
 REQUIRES = ("llmcompressor", "compressed-tensors", "torch", "transformers")
@@ -184,7 +185,7 @@ def quantize(ctx, build_recipe: Callable[..., list], calibrates: bool, pipeline:
         placed = stage_placement(ctx, pipeline)
         ctx.progress(f"loading the model ({placed})")
         saved = ctx.recipe.recipe.model.dtype
-        widened = cpu_float32 and ctx.device == "cpu" and saved in ("bfloat16", "float16")
+        widened = cpu_float32 and widen_on_cpu(ctx)
         model = load_model(ctx, ctx.device, placed, "float32" if widened else None)
         out = ctx.out_dir / "model"
         ctx.progress("calibrating and compressing" if calibrates else "compressing")

@@ -89,7 +89,8 @@ def build_config(mtq, name: str, adjust: Callable[[dict], None] | None, kv_cache
 
 
 def load(ctx):
-    """Tokenizer and the upstream model in bfloat16, held as the plan placed it (``llmopt.model.placement``):
+    """Tokenizer and the upstream model in bfloat16 (float32 on a CPU: ``CompressBackend.cpu_float32``), held as
+    the plan placed it (``llmopt.model.placement``):
     whole on the GPU; onload: accelerate's device map with the weights in host memory and each module
     onloaded for its forward pass (ModelOpt's hf_ptq way for models larger than the GPU); multi_gpu: a
     device map over the GPUs."""
@@ -109,8 +110,9 @@ def load(ctx):
         kwargs = {"device_map": "auto", "max_memory": {0: chosen.gpu_bytes, "cpu": chosen.host_bytes}}
     elif where == "multi_gpu":
         kwargs = {"device_map": "auto"}
-    model = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.bfloat16,
-                                                              trust_remote_code=trust, **kwargs)
+    dtype = torch.float32 if ctx.device == "cpu" else torch.bfloat16  # exported in bfloat16 either way
+    model = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=dtype, trust_remote_code=trust,
+                                                              **kwargs)
     ctx.log.info("placement %s", where)
     return tokenizer, (model.to(ctx.device) if where in ("gpu", "cpu") else model).eval()
 
@@ -133,6 +135,7 @@ def quantize(ctx, config_name: str, adjust: Callable[[dict], None] | None = None
     with library_output(ctx.log), cpu_threads(ctx.device):
         mtq, export = import_modelopt(ctx.name)
         tokenizer, model = load(ctx)
+        dtype = next(model.parameters()).dtype
         rows = calibration.load(ctx, tokenizer)
         config = build_config(mtq, config_name, adjust, kv_cache)
         torch.manual_seed(ctx.recipe.recipe.calibration.seed)
@@ -142,12 +145,15 @@ def quantize(ctx, config_name: str, adjust: Callable[[dict], None] | None = None
         seconds = time.monotonic() - started
         out = ctx.out_dir / "model"
         ctx.progress("exporting the unified Hugging Face checkpoint")
+        if dtype != torch.bfloat16:  # calibrated in float32 on a CPU: the unquantized tensors as a bfloat16 run has them
+            model.to(torch.bfloat16)
         export.export_hf_checkpoint(model, dtype=torch.bfloat16, export_dir=out)
     del model
     tokenizer.save_pretrained(out)
     copy_tokenizer_files(ctx.model_dir, out)
     return {"format": FORMAT, "model_dir": "model", "quantization": summary(out), "device": ctx.device,
-            "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out), "calibration": rows.summary()}
+            "compress_seconds": round(seconds, 2), "model_bytes": folder_bytes(out), "calibration": rows.summary(),
+            "compute_dtype": str(dtype).removeprefix("torch.")}
 
 
 def summary(model_dir: Path) -> dict:

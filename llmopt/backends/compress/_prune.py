@@ -16,7 +16,7 @@ from pathlib import Path
 from llmopt.data import calibration
 from llmopt.libraries import require
 from llmopt.backends.compress import _checks
-from llmopt.backends.compress._common import copy_tokenizer_files
+from llmopt.backends.compress._common import copy_tokenizer_files, widen_on_cpu
 from llmopt.errors import Problem, StageFailed
 
 REQUIRES = ("torch", "transformers")
@@ -33,7 +33,8 @@ def plan_checks(ctx, name: str) -> list[Problem]:
 
 
 def load(ctx):
-    """Tokenizer, model (recipe dtype, on the stage's device) and calibration batches."""
+    """Tokenizer, model (recipe dtype, on the stage's device; float32 on a CPU, ``widen_on_cpu``) and calibration
+    batches."""
     transformers = require("transformers", EXTRA, ctx.name)
     if ctx.model_format != "hf":
         raise StageFailed(f"{ctx.name} needs a Hugging Face model folder, got format {ctx.model_format!r}",
@@ -41,13 +42,18 @@ def load(ctx):
     trust = ctx.recipe.recipe.model.trust_remote_code
     tokenizer = transformers.AutoTokenizer.from_pretrained(ctx.model_dir, trust_remote_code=trust)
     rows = calibration.load(ctx, tokenizer)
-    model = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=ctx.recipe.recipe.model.dtype,
+    model = transformers.AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=compute_dtype(ctx),
                                                               trust_remote_code=trust)
     model.to(ctx.device).eval()
     if not hasattr(getattr(model, "model", None), "layers"):
         raise StageFailed(f"{ctx.name}: {type(model).__name__} has no model.layers", where=ctx.name,
                           fix="prune Llama/Qwen/Mistral-style decoders only")
     return tokenizer, model, rows, calibration.as_batches(rows, 1, ctx.device)
+
+
+def compute_dtype(ctx) -> str:
+    """The dtype the model is scored and cut in: float32 on a CPU for a 16-bit recipe, else the recipe's."""
+    return "float32" if widen_on_cpu(ctx) else ctx.recipe.recipe.model.dtype
 
 
 def layer_output(output):
@@ -79,8 +85,10 @@ def forward_all(model, batches, progress=None) -> None:
 
 
 def save(ctx, model, tokenizer) -> Path:
-    """The pruned model and its tokenizer under ``<stage>/model``."""
+    """The pruned model, in the recipe's dtype, and its tokenizer under ``<stage>/model``."""
     out = ctx.out_dir / "model"
+    if widen_on_cpu(ctx):
+        model.to(getattr(require("torch", EXTRA, ctx.name), ctx.recipe.recipe.model.dtype))
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     copy_tokenizer_files(ctx.model_dir, out)

@@ -46,6 +46,7 @@ class AutoRound(CompressBackend):
     requires = lc.REQUIRES + ("auto_round",)
     extra = lc.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     quantizes = True
 
     def produces(self, options: AutoRoundOptions) -> formats.Format:
@@ -67,7 +68,7 @@ class AutoRound(CompressBackend):
 
     def run(self, options: AutoRoundOptions, ctx: StageContext) -> dict:
         # "auto" is llm-compressor's sequential pipeline, whose per-layer hook is where AutoRound tunes
-        return lc.quantize(ctx, lambda: build(options, ctx.device), calibrates=True)
+        return lc.quantize(ctx, lambda: build(options, ctx.device), calibrates=True, cpu_float32=self.cpu_float32)
 
 
 def build(options: AutoRoundOptions, device: str) -> list:

@@ -34,6 +34,7 @@ class FP8Static(CompressBackend):
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     quantizes = True
 
     def produces(self, options: FP8StaticOptions) -> formats.Format:
@@ -48,7 +49,8 @@ class FP8Static(CompressBackend):
         return _checks.quantizer(ctx, "fp8_static", calibrates=True) + _checks.gpu_compute(ctx, (8, 9), "FP8")
 
     def run(self, options: FP8StaticOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
+                           cpu_float32=self.cpu_float32)
 
 
 def build(options: FP8StaticOptions) -> list:

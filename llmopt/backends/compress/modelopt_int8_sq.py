@@ -36,6 +36,7 @@ class ModelOptInt8SQ(CompressBackend):
     requires = _modelopt.REQUIRES
     extra = _modelopt.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     expert_tokens = "routed"  # ModelOpt calibrates each expert on the tokens routed to it
     quantizes = True
 

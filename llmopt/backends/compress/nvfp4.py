@@ -35,6 +35,7 @@ class NVFP4(CompressBackend):
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     quantizes = True
 
     def produces(self, options: NVFP4Options) -> formats.Format:
@@ -49,7 +50,8 @@ class NVFP4(CompressBackend):
         return problems + _checks.group_size(ctx, NVFP4_GROUP, options.ignore, fixed=True)
 
     def run(self, options: NVFP4Options, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
+                           cpu_float32=self.cpu_float32)
 
 
 def build(options: NVFP4Options) -> list:

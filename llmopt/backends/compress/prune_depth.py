@@ -48,6 +48,7 @@ class PruneDepth(CompressBackend):
     requires = _prune.REQUIRES
     extra = _prune.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     prunes = True
 
     def produces(self, options: PruneDepthOptions) -> formats.Format:
@@ -90,7 +91,7 @@ class PruneDepth(CompressBackend):
                 "num_hidden_layers": _prune.config_of(out)["num_hidden_layers"],
                 "layer_scores": [round(s, 6) for s in scores], "parameters_before": before,
                 "parameters_after": _prune.param_count(model), "model_bytes": folder_bytes(out),
-                "calibration": rows.summary()}
+                "calibration": rows.summary(), "compute_dtype": _prune.compute_dtype(ctx)}
 
 
 def angular_distances(model, batches, progress=None) -> list[float]:

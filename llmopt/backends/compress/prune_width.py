@@ -45,6 +45,7 @@ class PruneWidth(CompressBackend):
     requires = _prune.REQUIRES
     extra = _prune.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     prunes = True
 
     def produces(self, options: PruneWidthOptions) -> formats.Format:
@@ -86,7 +87,7 @@ class PruneWidth(CompressBackend):
         return {"format": "hf", "model_dir": "model", "intermediate_size_before": current,
                 "intermediate_size": _prune.config_of(out)["intermediate_size"], "parameters_before": before,
                 "parameters_after": _prune.param_count(model), "model_bytes": folder_bytes(out),
-                "calibration": rows.summary()}
+                "calibration": rows.summary(), "compute_dtype": _prune.compute_dtype(ctx)}
 
 
 def neuron_scores(model, batches, progress=None) -> list:

@@ -40,6 +40,7 @@ class SparseGPT(CompressBackend):
     requires = lc.REQUIRES
     extra = lc.EXTRA
     calibrates = True
+    cpu_float32 = True  # on a CPU: computes in float32, saves the recipe's dtype
     builds_hessians = True
     prunes = True
 
@@ -55,7 +56,8 @@ class SparseGPT(CompressBackend):
         return problems
 
     def run(self, options: SparseGPTOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline)
+        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
+                           cpu_float32=self.cpu_float32)
 
 
 def build(options: SparseGPTOptions) -> list:
