@@ -25,8 +25,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/llmopt run recipes/quickstart.toml
 
-# Two pytest-xdist workers, each computing on one thread: one runs the quickstart and the tests of its artifact, the
-# other every other module (tests/conftest.py, ModulesQuickstartFirst). 40 minutes here, against 52 in one process.
+# Two pytest-xdist workers, each computing on one thread: one starts the quickstart run while the other takes the
+# other modules; then both take what is left, the docs pages that use the run last (tests/conftest.py,
+# ModulesQuickstartFirst). 40 minutes here with the run and its pages on one worker, against 52 in one process.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=25
 

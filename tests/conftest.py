@@ -119,6 +119,12 @@ max_windows = 1
 """
 
 
+def shared_folder(tmp_path_factory) -> Path:
+    """The folder every test process of this run shares: under pytest-xdist (``make test`` runs two workers) the
+    parent of the workers' own temporary folders, else this session's temporary folder."""
+    return tmp_path_factory.getbasetemp().parent if WORKER else tmp_path_factory.getbasetemp()
+
+
 def once_per_run(tmp_path_factory, name: str, build) -> Path:
     """A folder ``build(folder)`` fills once for the whole run. Alone, in this session's temporary folder; under
     pytest-xdist (``make test`` runs two workers) in the folder the workers share, by the first worker that asks,
@@ -129,7 +135,7 @@ def once_per_run(tmp_path_factory, name: str, build) -> Path:
         return folder
     import fcntl
 
-    root = tmp_path_factory.getbasetemp().parent
+    root = shared_folder(tmp_path_factory)
     folder, done = root / name, root / f"{name}.done"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, a failed build included
@@ -187,10 +193,11 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     they ran in file order); those that use SGLang's, built after vLLM's, go after them (just before them, the
     test process still waited 54 s for it on a fresh clone, then waited again for the quickstart run).
 
-    Under pytest-xdist (``make test``: two workers) the quickstart's tests are one unit of work
-    (``QUICKSTART_GROUP``), which goes first: one worker starts the run at once and keeps the unit, while the other
-    takes every other module in turn; the quickstart run and its pages are a third of the suite's CPU and most of
-    its one-at-a-time minutes, which the other tests now overlap."""
+    Under pytest-xdist (``make test``: two workers) tests/test_quickstart.py goes first: the worker that takes it
+    starts the run at once, on one thread, while the other takes the other modules in turn. The docs pages
+    (``docs_page``, one unit of work each) and the records of the shared run go last, to whichever worker is free:
+    the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits for it.
+    With the run and all its pages on one worker, that worker's half was 38 minutes against the other's 32."""
     def uses(item, names) -> bool:
         return bool(set(names) & set(getattr(item, "fixturenames", ())))
     quick = [item for item in items if uses(item, ("quickstart",))]
@@ -199,34 +206,39 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     engines = [item for item in engines if item not in late]
     rest = [item for item in items if item not in quick + engines + late]
     if WORKER:
-        missing = [item.nodeid for item in quick if not in_quickstart_group(item.nodeid)]
-        if missing:
-            raise pytest.UsageError(f"tests using the quickstart run outside QUICKSTART_GROUP: {missing[:3]}")
-        items[:] = quick + rest + engines + late
+        first = [item for item in quick if item.nodeid.startswith(QUICKSTART_FIRST)]
+        last = [item for item in quick if item.nodeid.startswith(QUICKSTART_LAST)]
+        pages = [item for item in quick if item not in first + last]
+        items[:] = first + rest + engines + late + pages + last
     else:
         items[:] = rest + engines + quick + late
 
 
-# The tests of the quickstart run: one unit of work under pytest-xdist, on one worker, so that the run is made once.
-QUICKSTART_GROUP = ("tests/test_quickstart.py::", "tests/test_docs_commands.py::",
-                    "tests/test_records.py::test_the_suite_s_runs_of_the_shipped_recipes_hold_their_records")
+QUICKSTART_FIRST = "tests/test_quickstart.py::"  # under pytest-xdist, the unit that starts the quickstart run
+QUICKSTART_LAST = "tests/test_records.py::test_the_suite_s_runs_of_the_shipped_recipes_hold_their_records"
+DOCS_PAGE_TESTS = "tests/test_docs_commands.py::test_documented_command["
 
 
-def in_quickstart_group(nodeid: str) -> bool:
-    return nodeid.startswith(QUICKSTART_GROUP)
+def docs_page(nodeid: str) -> str | None:
+    """The page of a test of a documented command (``...test_documented_command[docs/cli.md:296]``): docs/cli.md."""
+    return nodeid[len(DOCS_PAGE_TESTS):].rsplit(":", 1)[0] if nodeid.startswith(DOCS_PAGE_TESTS) else None
 
 
 if importlib.util.find_spec("xdist") is not None:
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesQuickstartFirst(LoadScopeScheduling):
-        """pytest-xdist's scheduling by module (a module's fixtures are made once, on one worker), with
-        QUICKSTART_GROUP as one unit, in the order of collection (``pytest_collection_modifyitems``: that unit
-        first), not largest module first. pytest-xdist's own ``--dist loadgroup`` reads the group from a suffix it
-        adds to each test id, which pytest 9 no longer lets it change."""
+        """pytest-xdist's scheduling by module (a module's fixtures are made once, on one worker), except that each
+        docs page is a unit of its own (its commands run in order, in one folder), and so is QUICKSTART_LAST; in the
+        order of collection (``pytest_collection_modifyitems``: the quickstart's module first, the pages last), not
+        largest module first. pytest-xdist's own ``--dist loadgroup`` reads the group from a suffix it adds to each
+        test id, which pytest 9 no longer lets it change."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "quickstart" if in_quickstart_group(nodeid) else nodeid.split("::", 1)[0]
+            if nodeid.startswith(QUICKSTART_LAST):
+                return nodeid  # apart from its module's other tests, which go early
+            page = docs_page(nodeid)
+            return f"page {page}" if page else nodeid.split("::", 1)[0]
 
     def pytest_xdist_make_scheduler(config, log):
         config.option.loadscopereorder = False
@@ -279,8 +291,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"suite wall time: {time.monotonic() - STARTED:.0f} s (collection and set-up included)")
 
 
-def pytest_sessionfinish(session) -> None:
-    for proc in (_vllm_build.pop("proc", None), _sglang_build.pop("proc", None), _quickstart.pop("proc", None)):
+def pytest_sessionfinish(session, exitstatus) -> None:
+    shared = _quickstart.pop("proc", None)
+    if shared is not None and WORKER and exitstatus != pytest.ExitCode.INTERRUPTED:
+        try:  # what the shared run does after the quickstart may be for a test on another worker
+            shared.wait(timeout=QUICKSTART_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in (_vllm_build.pop("proc", None), _sglang_build.pop("proc", None), shared):
         if proc is not None and proc.poll() is None:  # the session ended before a test waited for it
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -455,13 +473,16 @@ class Quickstart:
     artifact: Path
     cache: Path
     result: subprocess.CompletedProcess
-    background: subprocess.Popen | None = None  # the shared run's process, which goes on with BACKGROUND_RECIPES
 
     def wait_background(self) -> None:
         """Wait for the rest of the shared run: the recipes it runs after the quickstart on the same cache
-        (BACKGROUND_RECIPES), whose stages a command of one of them then finds there."""
-        if self.background is not None:
-            self.background.wait(timeout=QUICKSTART_TIMEOUT_S)
+        (BACKGROUND_RECIPES), whose stages a command of one of them then finds there. The run may be another test
+        worker's, so this waits for the file it writes at the end (``quickstart_commands``), not for a process."""
+        deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
+        while not (self.root / "background.rc").is_file():
+            if time.monotonic() > deadline:
+                pytest.fail(f"the shared run's BACKGROUND_RECIPES took more than {QUICKSTART_TIMEOUT_S} s")
+            time.sleep(1)
 
     @property
     def recipe(self) -> Path:
@@ -474,7 +495,7 @@ class Quickstart:
 
 QUIET_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 BACKGROUND_RECIPES = ("gguf-onnx-cpu.toml",)  # run by the shared run after the quickstart, on its cache
-_quickstart: dict = {}  # proc: the shared run
+_quickstart: dict = {}  # proc: the shared run, in the worker that started it
 QUICKSTART_TIMEOUT_S = 3000  # within the tests' own limit (pytest-timeout, 3600 s), to say what timed out (921 s
 # alone on two threads; 1,700 s on one thread beside the other test worker, 2026-12-06)
 
@@ -484,21 +505,24 @@ def quickstart_commands(root: Path) -> str:
     and exit code to files in ``root``), then ``llmopt run recipes/gguf-onnx-cpu.toml`` on the same cache, the
     README's second recipe, whose stages the docs' command of it then finds there (a failure of it leaves them
     to that command, which fails the same way). run.rc appears, whole, when the quickstart is done: the tests
-    that use its artifact start then, while the second recipe goes on (``Quickstart.wait_background``)."""
+    that use its artifact start then, while the second recipe goes on; background.rc appears when it is done
+    (``Quickstart.wait_background``)."""
     llmopt = f"{shlex.quote(sys.executable)} -m llmopt run"
     quick = f"{llmopt} {shlex.quote(str(ROOT / 'recipes' / 'quickstart.toml'))} -o artifacts/quickstart --format json"
     gguf = f"{llmopt} {shlex.quote(str(ROOT / 'recipes' / 'gguf-onnx-cpu.toml'))} -o artifacts/gguf-onnx-cpu"
-    return f"{quick} > run.out 2> run.err; echo $? > run.rc.tmp; mv run.rc.tmp run.rc; {gguf} > gguf.log 2>&1"
+    return (f"{quick} > run.out 2> run.err; echo $? > run.rc.tmp; mv run.rc.tmp run.rc; {gguf} > gguf.log 2>&1; "
+            "echo $? > background.rc.tmp; mv background.rc.tmp background.rc")
 
 
 @pytest.fixture(scope="session")
 def quickstart(request, tmp_path_factory) -> Quickstart:
     """ONE real ``llmopt run recipes/quickstart.toml --format json`` (many minutes on a CPU) in its own cache,
-    shared by tests/test_quickstart.py and tests/test_docs_commands.py; the tests assert on its result. The
-    cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice scores). The run
-    starts here, when the first test that uses it asks for it: in one process, last, in the foreground with every
-    core; under ``make test``'s two workers, first, on one thread, on the worker that keeps its tests, beside the
-    other's tests; the recipe it runs next goes on while they run (``Quickstart.wait_background``). It once ran in the
+    shared by tests/test_quickstart.py, tests/test_docs_commands.py and tests/test_records.py; the tests assert on
+    its result. The cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice
+    scores). The run is made once a run (``once_per_run``): in one process, last, in the foreground with every
+    core; under ``make test``'s two workers, first, on one thread, by the worker that takes
+    tests/test_quickstart.py, beside the other worker's tests, and a worker that asks for it meanwhile waits for
+    it. The recipe it runs next goes on while its tests run (``Quickstart.wait_background``). It once ran in the
     background at the lowest priority beside the other tests, where its share of the cores was whatever they left
     idle; a CI run then timed out waiting for it (its AWQ stage was also in bfloat16, 8x slower than float32 on
     that AVX2-only CPU, which the compress stages no longer use on a CPU). Started so again in float32 once the
@@ -509,24 +533,31 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts it from a cache that already holds the quickstart's stages (a
     developer's own) instead: the run is still run, and then takes seconds. CI leaves it unset."""
     seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
-    root = tmp_path_factory.mktemp("quickstart")
-    link_tree(Path(seed) if seed else request.getfixturevalue("demo_seed"), root / "cache")
-    started = time.monotonic()
-    proc = _quickstart["proc"] = subprocess.Popen(
-        ["bash", "-c", quickstart_commands(root)], cwd=root,
-        env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")), preexec_fn=os.setpgrp)
-    deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
-    while not (root / "run.rc").is_file() and proc.poll() is None:  # the quickstart itself, not what follows it
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"the quickstart run took more than {QUICKSTART_TIMEOUT_S} s")
-        time.sleep(1)
-    print(f"the shared quickstart run: {time.monotonic() - started:.0f} s")
-    rc = (root / "run.rc").read_text().strip() if (root / "run.rc").is_file() else "-1"
+    cache_seed = Path(seed) if seed else request.getfixturevalue("demo_seed")
+
+    def build(root: Path) -> None:
+        link_tree(cache_seed, root / "cache")
+        started = time.monotonic()
+        proc = _quickstart["proc"] = subprocess.Popen(
+            ["bash", "-c", quickstart_commands(root)], cwd=root,
+            env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")), preexec_fn=os.setpgrp)
+        deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
+        while not (root / "run.rc").is_file() and proc.poll() is None:  # the quickstart itself, not what follows it
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                pytest.fail(f"the quickstart run took more than {QUICKSTART_TIMEOUT_S} s")
+            time.sleep(1)
+        if not (root / "run.rc").is_file():  # the shell died before it could say
+            (root / "run.rc").write_text("-1")
+            (root / "background.rc").write_text("-1")
+        print(f"the shared quickstart run: {time.monotonic() - started:.0f} s")
+
+    root = once_per_run(tmp_path_factory, "quickstart", build)
+    rc = (root / "run.rc").read_text().strip()
     result = subprocess.CompletedProcess(["llmopt", "run", "recipes/quickstart.toml"], int(rc or -1),
                                          (root / "run.out").read_text(), (root / "run.err").read_text())
-    return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result, proc)
+    return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result)
 
 
 def onnx_to_checkpoint_perplexity(checkpoint: Path, onnx_folder: Path) -> float:

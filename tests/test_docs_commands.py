@@ -21,10 +21,10 @@ placeholders such as ./my-model.
 - A command naming 127.0.0.1:8000 or localhost:8000 talks to `llmopt serve artifacts/quickstart`,
   started for the page on a free port that replaces 8000. curl's answer must be JSON with no
   "error" (curl -s exits 0 whatever the HTTP status).
-- A command that an earlier page shows with the same text, that measures or searches (`llmopt bench`,
+- A command that another page shows with the same text, that measures or searches (`llmopt bench`,
   `eval`, `sweep`, `tune`: minutes each on two cores; an eval through an endpoint scores every window
   again) and names no file but those every page starts with (artifacts/quickstart, recipes/, a URL),
-  is not run again: its outcome is the earlier page's.
+  runs once a run: its outcome is that of the page that ran it first (SharedOutcomes).
 - Anything else runs only when it is llmopt or curl; every command that is not run is in NOT_RUN
   with the reason. test_every_documented_command_is_classified (fast, no model) fails for a
   command in neither, and for an entry of NOT_RUN or EXPECTED_TO_FAIL that no page shows any more.
@@ -32,6 +32,7 @@ placeholders such as ./my-model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -43,16 +44,22 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import BACKGROUND_RECIPES, ROOT, link_tree, module_folder
+from conftest import BACKGROUND_RECIPES, ROOT, link_tree, module_folder, shared_folder
 
-# README.md last: its second recipe (gguf-onnx-cpu.toml) is still running in the background, on the shared run's
-# cache, while the other pages run (tests/conftest.py, Quickstart.wait_background)
-DOCS = [*(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))), "README.md"]
+# The pages in the order their tests are collected. Under pytest-xdist each page is a unit of work that goes to the
+# first free worker (tests/conftest.py, docs_page), so the longest go first: docs/cli.md and docs/ci.md (a sweep, a
+# tune, an eval through an endpoint). The pages whose measurements docs/cli.md shows too go after them, to find them
+# done (SharedOutcomes) rather than wait for another worker running them. README.md last: its second recipe
+# (gguf-onnx-cpu.toml) goes on in the background after the quickstart, on the shared run's cache
+# (tests/conftest.py, Quickstart.wait_background).
+FIRST_PAGES, LATE_PAGES = ["docs/cli.md", "docs/ci.md"], ["docs/bench.md", "docs/sweep.md", "docs/tune.md", "README.md"]
+DOCS = [*FIRST_PAGES, *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))
+                        if f"docs/{p.name}" not in FIRST_PAGES + LATE_PAGES), *LATE_PAGES]
 SHELLS = {"sh", "bash", "shell"}
 LLMOPT = {"llmopt", ".venv/bin/llmopt"}
 SERVED = re.compile(r"\b(127\.0\.0\.1|localhost):8000\b")
@@ -265,7 +272,29 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
                for c in repeated)
     served = [c.id for c in repeated
               if c.text == "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose,mc"]
-    assert served[0].startswith("docs/ci.md:") and len(served) == 3  # scored once, by the first page that shows it
+    assert len(served) == 3  # scored once, by the first page that reaches it
+
+
+def test_a_shared_command_runs_once_while_another_page_waits_for_it(tmp_path):
+    import threading
+
+    shared, ran = SharedOutcomes(tmp_path / "outcomes"), []
+    command = DocCommand("docs/a.md", 3, "llmopt bench artifacts/quickstart -n 8")
+
+    def run(c: DocCommand) -> Outcome:
+        ran.append(c.id)
+        time.sleep(0.3)  # the other page asks meanwhile
+        return Outcome(c.text, 0, "measured", "")
+
+    got = []
+    pages = [threading.Thread(target=lambda: got.append(shared.get(command, run))) for _ in range(2)]
+    for page in pages:
+        page.start()
+    for page in pages:
+        page.join()
+    assert ran == ["docs/a.md:3"] and got == [Outcome(command.text, 0, "measured", "")] * 2
+    again = SharedOutcomes(tmp_path / "outcomes").get(command, run)  # another worker's view of the same folder
+    assert ran == ["docs/a.md:3"] and again.stdout == "measured"
 
 
 # ---------------------------------------------------------------- running them
@@ -328,14 +357,34 @@ def curl_problem(stdout: str) -> str:
     return f"the server answered an error: {answer['error']}" if isinstance(answer, dict) and "error" in answer else ""
 
 
-SEEN: dict[str, Outcome] = {}  # a command's text -> its outcome on the first page that ran it
+class SharedOutcomes:
+    """The outcomes of the commands run once a run (``DocCommand.same_on_every_page``), in a folder every test
+    worker sees: the first page that reaches such a command runs it holding a lock, and a page that reaches it
+    meanwhile, on another worker, waits for that outcome instead of running the command again."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def get(self, command: DocCommand, run) -> Outcome:
+        import fcntl
+
+        key = hashlib.sha256(command.text.encode()).hexdigest()[:20]
+        saved = self.folder / f"{key}.json"
+        with open(self.folder / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if saved.is_file():
+                return Outcome(**json.loads(saved.read_text()))
+            outcome = run(command)
+            saved.write_text(json.dumps(asdict(outcome)))
+            return outcome
 
 
 class Page:
     """The commands of one doc page, run in order in a folder laid out as a checkout after `make demo`."""
 
-    def __init__(self, doc: str, folder: Path, quickstart):
-        self.doc, self.folder, self.quickstart = doc, folder, quickstart
+    def __init__(self, doc: str, folder: Path, quickstart, shared: SharedOutcomes):
+        self.doc, self.folder, self.quickstart, self.shared = doc, folder, quickstart, shared
         self.commands = [c for c in RUN if c.doc == doc]
         self.done: set[DocCommand] = set()
         self.server: tuple[subprocess.Popen, int] | None = None  # `llmopt serve artifacts/quickstart` for URLs
@@ -364,12 +413,9 @@ class Page:
 
     def execute(self, command: DocCommand) -> Outcome:
         self.done.add(command)
-        if command.same_on_every_page and command.text in SEEN:
-            return SEEN[command.text]
-        outcome = self.execute_here(command)
         if command.same_on_every_page:
-            SEEN[command.text] = outcome
-        return outcome
+            return self.shared.get(command, self.execute_here)
+        return self.execute_here(command)
 
     def execute_here(self, command: DocCommand) -> Outcome:
         ran = SERVED.sub(lambda m: f"{m.group(1)}:{self.served_port()}", command.text)
@@ -423,11 +469,12 @@ class Page:
 def pages(request, quickstart, tmp_path_factory):
     assert quickstart.result.returncode == 0, "the shared quickstart run failed:\n" + quickstart.result.stderr[-3000:]
     made: dict[str, Page] = {}
+    shared = SharedOutcomes(shared_folder(tmp_path_factory) / "docs-outcomes")
     with module_folder(request, tmp_path_factory, "docs-pages") as root:
 
         def page(doc: str) -> Page:
             if doc not in made:
-                made[doc] = Page(doc, root / doc.replace("/", "-").removesuffix(".md"), quickstart)
+                made[doc] = Page(doc, root / doc.replace("/", "-").removesuffix(".md"), quickstart, shared)
             return made[doc]
 
         yield page
