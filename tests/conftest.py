@@ -338,10 +338,17 @@ SGLANG_BUILD_LOG = ROOT / ".test-envs" / "sglang-build.log"
 _sglang_build: dict = {}  # needed: a collected test uses it; proc: the build
 
 
+def wait_for_exit(pid: int) -> str:
+    """A shell line that waits until process ``pid`` has ended. Not ``kill -0``: an ended process whose parent has
+    not reaped it (a test worker blocked in another fixture) is a zombie, which ``kill -0`` still finds; SGLang's
+    build then waited for vLLM's until its test gave up after 900 s (a fresh clone, 2026-12-06)."""
+    return f"while [ -e /proc/{pid} ] && ! grep -q '^{pid} ([^)]*) Z' /proc/{pid}/stat 2>/dev/null; do sleep 2; done; "
+
+
 def start_sglang_build(after: subprocess.Popen | None = None) -> subprocess.Popen:
     """``make sglang-env`` in the background; with ``after``, once that process (vLLM's build) has ended."""
     SGLANG_BUILD_LOG.parent.mkdir(exist_ok=True)
-    wait = f"while kill -0 {after.pid} 2>/dev/null; do sleep 2; done; " if after is not None else ""
+    wait = wait_for_exit(after.pid) if after is not None else ""
     with SGLANG_BUILD_LOG.open("a") as log:
         return in_background([*one_build_at_a_time("sglang"), "sh", "-c", wait + "exec make sglang-env"], cwd=ROOT,
                              stdout=log, stderr=subprocess.STDOUT)
