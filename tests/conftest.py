@@ -194,8 +194,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     test process still waited 54 s for it on a fresh clone, then waited again for the quickstart run).
 
     Under pytest-xdist (``make test``: two workers) tests/test_quickstart.py goes first: the worker that takes it
-    starts the run at once, on one thread, while the other takes the other modules in turn. The docs pages
-    (``docs_page``, one unit of work each) and the records of the shared run go last, to whichever worker is free:
+    starts the run at once, on one thread, while the other takes the other modules in turn. The docs' measurements
+    and pages (``docs_unit``, one unit of work each) and the records of the shared run go last, to whichever worker
+    is free:
     the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits for it.
     With the run and all its pages on one worker, that worker's half was 38 minutes against the other's 32."""
     def uses(item, names) -> bool:
@@ -208,8 +209,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if WORKER:
         first = [item for item in quick if item.nodeid.startswith(QUICKSTART_FIRST)]
         last = [item for item in quick if item.nodeid.startswith(QUICKSTART_LAST)]
-        pages = [item for item in quick if item not in first + last]
-        items[:] = first + rest + engines + late + pages + last
+        measured = [item for item in quick if (docs_unit(item.nodeid) or "").startswith("measurement")]
+        pages = [item for item in quick if item not in first + last + measured]
+        items[:] = first + rest + engines + late + measured + pages + last
     else:
         items[:] = rest + engines + quick + late
 
@@ -219,9 +221,17 @@ QUICKSTART_LAST = "tests/test_records.py::test_the_suite_s_runs_of_the_shipped_r
 DOCS_PAGE_TESTS = "tests/test_docs_commands.py::test_documented_command["
 
 
-def docs_page(nodeid: str) -> str | None:
-    """The page of a test of a documented command (``...test_documented_command[docs/cli.md:296]``): docs/cli.md."""
-    return nodeid[len(DOCS_PAGE_TESTS):].rsplit(":", 1)[0] if nodeid.startswith(DOCS_PAGE_TESTS) else None
+def docs_unit(nodeid: str) -> str | None:
+    """The unit of work of a test of a documented command: its page (``...test_documented_command[docs/ci.md:12]``:
+    ``page docs/ci.md``), or for a measurement every page could run, the measurement, whichever pages show it
+    (``...[docs/cli.md:296-shared-1a2b3c4d]``: ``measurement 1a2b3c4d``; tests/test_docs_commands.py, _param).
+    None for any other test."""
+    if not nodeid.startswith(DOCS_PAGE_TESTS):
+        return None
+    param = nodeid[len(DOCS_PAGE_TESTS):].removesuffix("]")
+    if "-shared-" in param:
+        return "measurement " + param.rsplit("-shared-", 1)[1]
+    return "page " + param.rsplit(":", 1)[0]
 
 
 if importlib.util.find_spec("xdist") is not None:
@@ -229,16 +239,15 @@ if importlib.util.find_spec("xdist") is not None:
 
     class ModulesQuickstartFirst(LoadScopeScheduling):
         """pytest-xdist's scheduling by module (a module's fixtures are made once, on one worker), except that each
-        docs page is a unit of its own (its commands run in order, in one folder), and so is QUICKSTART_LAST; in the
-        order of collection (``pytest_collection_modifyitems``: the quickstart's module first, the pages last), not
-        largest module first. pytest-xdist's own ``--dist loadgroup`` reads the group from a suffix it adds to each
-        test id, which pytest 9 no longer lets it change."""
+        docs page (its commands run in order, in one folder), each docs measurement and QUICKSTART_LAST are units of
+        their own; in the order of collection (``pytest_collection_modifyitems``: the quickstart's module first, the
+        docs last), not largest module first. pytest-xdist's own ``--dist loadgroup`` reads the group from a suffix
+        it adds to each test id, which pytest 9 no longer lets it change."""
 
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(QUICKSTART_LAST):
                 return nodeid  # apart from its module's other tests, which go early
-            page = docs_page(nodeid)
-            return f"page {page}" if page else nodeid.split("::", 1)[0]
+            return docs_unit(nodeid) or nodeid.split("::", 1)[0]
 
     def pytest_xdist_make_scheduler(config, log):
         config.option.loadscopereorder = False

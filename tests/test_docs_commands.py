@@ -51,15 +51,10 @@ import pytest
 
 from conftest import BACKGROUND_RECIPES, ROOT, link_tree, module_folder, shared_folder
 
-# The pages in the order their tests are collected. Under pytest-xdist each page is a unit of work that goes to the
-# first free worker (tests/conftest.py, docs_page), so the longest go first: docs/cli.md and docs/ci.md (a sweep, a
-# tune, an eval through an endpoint). The pages whose measurements docs/cli.md shows too go after them, to find them
-# done (SharedOutcomes) rather than wait for another worker running them. README.md last: its second recipe
-# (gguf-onnx-cpu.toml) goes on in the background after the quickstart, on the shared run's cache
-# (tests/conftest.py, Quickstart.wait_background).
-FIRST_PAGES, LATE_PAGES = ["docs/cli.md", "docs/ci.md"], ["docs/bench.md", "docs/sweep.md", "docs/tune.md", "README.md"]
-DOCS = [*FIRST_PAGES, *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))
-                        if f"docs/{p.name}" not in FIRST_PAGES + LATE_PAGES), *LATE_PAGES]
+# README.md last: its second recipe (gguf-onnx-cpu.toml) is still running in the background, on the shared run's
+# cache, while the other pages run (tests/conftest.py, Quickstart.wait_background). Under pytest-xdist each page is
+# a unit of work, and so is each measurement every page could run (tests/conftest.py, docs_unit), which go first.
+DOCS = [*(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))), "README.md"]
 SHELLS = {"sh", "bash", "shell"}
 LLMOPT = {"llmopt", ".venv/bin/llmopt"}
 SERVED = re.compile(r"\b(127\.0\.0\.1|localhost):8000\b")
@@ -366,10 +361,14 @@ class SharedOutcomes:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
 
+    @staticmethod
+    def key(command: DocCommand) -> str:
+        return hashlib.sha256(command.text.encode()).hexdigest()[:20]
+
     def get(self, command: DocCommand, run) -> Outcome:
         import fcntl
 
-        key = hashlib.sha256(command.text.encode()).hexdigest()[:20]
+        key = self.key(command)
         saved = self.folder / f"{key}.json"
         with open(self.folder / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -401,11 +400,14 @@ class Page:
                         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=path)
 
     def run(self, command: DocCommand) -> Outcome:
-        """``command``, after the page's earlier commands that have not run (their outcomes are their own tests')."""
+        """``command``, after the page's earlier commands that have not run (their outcomes are their own tests').
+        A measurement every page could run (``DocCommand.same_on_every_page``) needs none of them, and writes
+        nothing a later command reads: it runs on its own, and the page's other commands go on without it."""
         try:
-            for earlier in self.commands[: self.commands.index(command)]:
-                if earlier not in self.done:
-                    self.execute(earlier)
+            if not command.same_on_every_page:
+                for earlier in self.commands[: self.commands.index(command)]:
+                    if earlier not in self.done and not earlier.same_on_every_page:
+                        self.execute(earlier)
             return self.execute(command)
         finally:
             if command == self.commands[-1]:
@@ -483,9 +485,12 @@ def pages(request, quickstart, tmp_path_factory):
 
 
 def _param(command: DocCommand):
+    """The test of ``command``, its id the page and line; a measurement every page could run also names the text's
+    key (``-shared-KEY``), by which tests/conftest.py schedules the pages showing it as one unit of work."""
     reason = EXPECTED_TO_FAIL.get(command.text)
     marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-    return pytest.param(command, id=command.id, marks=marks)
+    shared = f"-shared-{SharedOutcomes.key(command)[:8]}" if command.same_on_every_page else ""
+    return pytest.param(command, id=command.id + shared, marks=marks)
 
 
 @pytest.mark.slow
