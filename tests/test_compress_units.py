@@ -178,6 +178,24 @@ def test_calibration_memory_warning(tmp_path, monkeypatch):
     assert not messages(plan_of(tmp_path, DEMO, '[[compress]]\nmethod = "fp8"\n'), "warning")  # no calibration
 
 
+def test_calibration_memory_counts_float32_weights_where_the_method_computes_in_float32(tmp_path, monkeypatch):
+    from llmopt.model import estimates
+
+    need = {}
+
+    def bytes_for(info, dtype, samples, seq_len, layerwise=True):
+        need[dtype] = estimates.float_weight_bytes(info, dtype)
+        return need[dtype]
+
+    monkeypatch.setattr(_checks, "available_ram", lambda: 2**20)
+    monkeypatch.setattr(estimates, "calibration_bytes", bytes_for)
+    for method in ('"fp8_static"', '"prune_depth"\nlayers = 2'):
+        [warning] = messages(plan_of(tmp_path, DEMO, f'[[compress]]\nmethod = {method}\n'), "warning")
+        # the bfloat16 recipe's weights, widened on the CPU: 0.5 GiB, not 0.3
+        assert f"about {need['float32'] / 2**30:.1f} GiB" in warning and "about 0.5 GiB" in warning, (method, warning)
+        need.clear()
+
+
 def packed_int4(rows: int, cols: int, group: int, zero_points: bool = False) -> int:
     """compressed-tensors pack-quantized int4, by hand: int32 words of 8 codes, a bf16 scale per group,
     int32-packed 4-bit zero points, the int64 shape."""

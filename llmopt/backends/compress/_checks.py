@@ -109,15 +109,20 @@ def _ignore_list(ignore: list[str], bad: dict[str, int]) -> str:
     return "[" + ", ".join(f'"{e}"' for e in entries) + "]"
 
 
-def calibration_memory(ctx) -> list[Problem]:
-    """Warn when the calibration estimate exceeds this machine's RAM, for a compress stage on the CPU. With a
+def calibration_memory(ctx, name: str | None = None) -> list[Problem]:
+    """Warn when the calibration estimate exceeds this machine's RAM, for a compress stage on the CPU, with the
+    weights in float32 where method ``name`` computes in it there (``CompressBackend.cpu_float32``). With a
     GPU on the compute machine ([compute] gpu, else [target] gpu) the plan's placement judges the GPU and
     host memory instead (``llmopt.model.placement``)."""
+    from llmopt import registry
+
     info = ctx.model
     recipe = ctx.recipe.recipe
     if info is None or recipe.compute.gpu or recipe.target.gpu:
         return []
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
+    if name is not None and dtype in ("bfloat16", "float16") and registry.get("compress", name).cpu_float32:
+        dtype = "float32"
     cal = recipe.calibration
     need = estimates.calibration_bytes(info, dtype, cal.samples, cal.max_seq_len)
     ram = available_ram()
@@ -177,7 +182,7 @@ def quantizer(ctx, name: str, calibrates: bool) -> list[Problem]:
     problems = architecture(ctx, QUANTIZE_TYPES, name, severity="warning")
     problems += not_quantized(ctx)
     if calibrates:
-        problems += calibration_data(ctx) + calibration_memory(ctx)
+        problems += calibration_data(ctx) + calibration_memory(ctx, name)
     return problems
 
 

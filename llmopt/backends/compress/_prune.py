@@ -29,7 +29,7 @@ def plan_checks(ctx, name: str) -> list[Problem]:
     problems += _checks.not_quantized(ctx)
     if ctx.model is not None and ctx.model.num_experts:
         problems.append(ctx.problem(f"{name} does not prune mixture-of-experts models", "method"))
-    return problems + _checks.calibration_data(ctx) + _checks.calibration_memory(ctx)
+    return problems + _checks.calibration_data(ctx) + _checks.calibration_memory(ctx, name)
 
 
 def load(ctx):
