@@ -196,9 +196,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     Under pytest-xdist (``make test``: two workers) tests/test_quickstart.py goes first: the worker that takes it
     starts the run at once, on one thread, while the other takes the other modules in turn. The docs' measurements
     and pages (``docs_unit``, one unit of work each) and the records of the shared run go last, to whichever worker
-    is free:
-    the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits for it.
-    With the run and all its pages on one worker, that worker's half was 38 minutes against the other's 32."""
+    is free: the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits
+    for it. With the run and all its pages on one worker, that worker's half was 38 minutes against the other's 32."""
     def uses(item, names) -> bool:
         return bool(set(names) & set(getattr(item, "fixturenames", ())))
     quick = [item for item in items if uses(item, ("quickstart",))]

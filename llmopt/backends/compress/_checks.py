@@ -22,6 +22,7 @@ import re
 from llmopt.data import calibration
 
 from llmopt.model import estimates
+from llmopt.backends.compress._common import WIDENED_ON_CPU
 from llmopt.errors import Problem
 from llmopt.sysinfo import available_ram
 
@@ -121,7 +122,7 @@ def calibration_memory(ctx, name: str | None = None) -> list[Problem]:
     if info is None or recipe.compute.gpu or recipe.target.gpu:
         return []
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
-    if name is not None and dtype in ("bfloat16", "float16") and registry.get("compress", name).cpu_float32:
+    if name is not None and dtype in WIDENED_ON_CPU and registry.get("compress", name).cpu_float32:
         dtype = "float32"
     cal = recipe.calibration
     need = estimates.calibration_bytes(info, dtype, cal.samples, cal.max_seq_len)

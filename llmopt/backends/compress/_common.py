@@ -31,11 +31,14 @@ def cpu_threads(device: str):
         torch.set_num_threads(saved)
 
 
+WIDENED_ON_CPU = ("bfloat16", "float16")  # the recipe dtypes a cpu_float32 method computes in float32 on a CPU
+
+
 def widen_on_cpu(ctx) -> bool:
     """Whether the stage loads a 16-bit recipe's model in float32 (``CompressBackend.cpu_float32``): on a CPU,
     where bfloat16 matrix products ran about 8x slower than float32 on an AVX2-only machine. The stage saves in
     the recipe's dtype, so the checkpoint is what a 16-bit run writes."""
-    return ctx.device == "cpu" and ctx.recipe.recipe.model.dtype in ("bfloat16", "float16")
+    return ctx.device == "cpu" and ctx.recipe.recipe.model.dtype in WIDENED_ON_CPU
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
