@@ -146,3 +146,62 @@ def test_a_prompt_starts_with_bos_where_the_tokenizer_puts_one(tmp_path):
     assert encode_prompt(model(False), "Q", bos="always") == [1, 7] and encode_prompt(model(True), "Q", bos="never") == [7]
     chat = SimpleNamespace(bos_token="<s>")  # a chat-formatted text that starts with BOS gets no second one
     assert encode_prompt(model(True), "<s>user", chat) == [7] and encode_prompt(model(True), "<s>user", chat, "always") == [7]
+
+
+def choice_groups(model) -> list[tuple[list[int], list[list[int]]]]:
+    """Two questions' contexts, each with choices of one token and of several, as the multiple-choice eval makes them."""
+    from llmopt.backends.eval.multiple_choice import split_pair
+
+    groups = []
+    for question, choices in (("Which is a colour?", [" red", " a small stone", " it", " the longest river in it"]),
+                              ("Where do fish live?", [" water", " in the dark forest", " sky"])):
+        pairs = [split_pair(model, f"Question: {question}\nAnswer:", choice) for choice in choices]
+        context = pairs[0][0][:-pairs[0][1]]
+        assert all(ids[:-n] == context for ids, n in pairs)
+        groups.append((context, [ids[-n:] for ids, n in pairs]))
+    return groups
+
+
+def test_choices_scored_after_one_pass_over_their_context_score_as_each_sequence_whole(tiny_model):
+    """The transformers runtime scores the choices of a question from one forward pass over its context, whose
+    key/value cache the choices of more than one token then continue: the log-likelihoods of scoring each context
+    + choice whole, from fewer tokens (the builtin questions' contexts are 15 tokens, their choices 2)."""
+    from llmopt.runtimes.hf import TransformersRuntime
+
+    model = TransformersRuntime(tiny_model)
+    groups = choice_groups(model)
+    fed = []
+    hook = model.model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape),
+                                                 with_kwargs=True)
+    try:
+        shared = model.continuation_nll(groups)
+    finally:
+        hook.remove()
+    whole = model.nll([context + choice for context, choices in groups for choice in choices],
+                      [len(choice) for _, choices in groups for choice in choices])
+    assert [x for row in shared for x in row] == pytest.approx(whole, abs=1e-4)
+    contexts = max(len(context) for context, _ in groups)
+    longer = [choice for _, choices in groups for choice in choices if len(choice) > 1]
+    assert fed == [(2, contexts), (len(longer), max(len(c) for c in longer) - 1)]
+
+
+def test_the_multiple_choice_eval_scores_choices_after_their_shared_context(tiny_model, tmp_path, monkeypatch):
+    """In process on transformers the eval passes each question's context once (``continuation_nll``), not once a
+    choice (``nll``); its log-likelihoods are those of each sequence scored whole."""
+    from llmopt.backends.eval.multiple_choice import context_of, MultipleChoiceOptions, choice_text, split_pair
+    from llmopt.runtimes.hf import TransformersRuntime
+    from llmopt import data as datasets
+
+    whole_calls = []
+    nll = TransformersRuntime.nll
+    monkeypatch.setattr(TransformersRuntime, "nll", lambda self, *a: whole_calls.append(a) or nll(self, *a))
+    body = '[[eval]]\nname = "mc"\nkind = "multiple_choice"\nlimit = 12\n'
+    evaluate.evaluate(write_recipe(tmp_path, recipe_for(tiny_model, body)), output=tmp_path / "reports")
+    assert whole_calls == []
+    rows = read_rows(tmp_path / "reports" / "eval.mc.scores.jsonl")
+    model, options = TransformersRuntime(tiny_model), MultipleChoiceOptions()
+    items = datasets.load_records("builtin:mc")[:12]
+    pairs = [split_pair(model, context_of(options, item, items), choice_text(options.continuation, item, j))
+             for item in items for j in range(len(item["choices"]))]
+    whole = nll(model, [ids for ids, _ in pairs], [n for _, n in pairs])
+    assert [x for row in rows for x in row["loglik"]] == pytest.approx([-x for x in whole], abs=2e-4)

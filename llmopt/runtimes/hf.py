@@ -48,13 +48,7 @@ class TransformersRuntime:
 
     def nll(self, sequences: list[list[int]], scored: list[int]) -> list[float]:
         torch = self.torch
-        width = max(len(s) for s in sequences)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for i, seq in enumerate(sequences):  # right padding: positions stay 0..len-1
-            ids[i, : len(seq)] = torch.tensor(seq)
-            mask[i, : len(seq)] = 1
+        ids, mask = self._padded(sequences)
         with torch.inference_mode():
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
         logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
@@ -65,6 +59,51 @@ class TransformersRuntime:
             end = len(seq) - 1  # logits at t predict token t+1
             out.append(float(-token_lp[i, end - scored[i] : end].sum()))
         return out
+
+    def continuation_nll(self, groups: list[tuple[list[int], list[list[int]]]]) -> list[list[float]]:
+        """Summed negative log-likelihood of each continuation after its context, for contexts each shared by
+        several continuations (a multiple-choice question's choices): ``nll`` of each context + continuation
+        scored whole, within float rounding, from fewer tokens. The contexts go through the model once, side by
+        side; a continuation's first token is scored from its context's last position, and the continuations
+        of more than one token continue their context's key/value cache together."""
+        torch = self.torch
+        contexts = [context for context, _ in groups]
+        ids, mask = self._padded(contexts)
+        last = torch.tensor([len(context) - 1 for context in contexts])
+        with torch.inference_mode():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True)
+        first = torch.log_softmax(out.logits[torch.arange(len(groups)), last.to(self.device)].float(), dim=-1)
+        result = [[-float(first[g, tokens[0]]) for tokens in continuations] for g, (_, continuations) in enumerate(groups)]
+        longer = [(g, k) for g, (_, continuations) in enumerate(groups) for k, tokens in enumerate(continuations)
+                  if len(tokens) > 1]
+        if not longer:
+            return result
+        rows = torch.tensor([g for g, _ in longer])
+        cache = out.past_key_values
+        cache.batch_select_indices(rows.to(self.device))  # a context's cache once for each of its continuations
+        fed = [groups[g][1][k][:-1] for g, k in longer]  # the last token is only predicted
+        tail, tail_mask = self._padded(fed)
+        positions = (last[rows] + 1)[:, None] + torch.arange(tail.shape[1])
+        with torch.inference_mode():
+            logits = self.model(input_ids=tail.to(self.device), past_key_values=cache, use_cache=True,
+                                attention_mask=torch.cat([mask[rows], tail_mask], dim=1).to(self.device),
+                                position_ids=positions.to(self.device)).logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        for row, (g, k) in enumerate(longer):
+            targets = torch.tensor(groups[g][1][k][1:], device=self.device)
+            result[g][k] -= float(logprobs[row, torch.arange(len(targets), device=self.device), targets].sum())
+        return result
+
+    def _padded(self, sequences: list[list[int]]):
+        """Token ids right-padded to the longest sequence (positions stay 0..len-1), and their attention mask."""
+        torch = self.torch
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            mask[i, : len(seq)] = 1
+        return ids, mask
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int] | None = None) -> list[int]:
         torch = self.torch
