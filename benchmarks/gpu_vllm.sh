@@ -92,6 +92,14 @@
 # comes back in vllm-h200.tgz). Without FA3 (prepare.sh without SG_FA3=1) SGLang attends with Triton's kernels.
 # On the demo model sg-gptq and sg-awq stop at the plan (exit 2): its layers fit none of SGLang's Marlin tiles
 # (docs/deploy.md, "What serves what"); SGLang 0.5.17 died on that checkpoint on an H100 (2026-12-06).
+# The variant `choose` is benchmarks/choose-vllm-sglang.toml: the demo model (BF16) deployed for vLLM and SGLang,
+# each tuned on the live engine (two trials, at 8 requests in flight of 1,024 prompt and 256 output tokens), and the
+# artifact served by the one with the higher goodput (docs/tune.md, "Choosing the engine"). It needs vLLM's parts
+# and SGLang's (`keep .gpu/sg00` ... as above) and runs with the sg-* variants' PATH and LLMOPT_SGLANG_PYTHON,
+# so both engines start; runs/choose.art/ brings back the artifact without its model (deploy/<engine>/ for both,
+# reports/ with each engine's tuning.json, manifest.json with `choice`, README.md), and the bench of the variant
+# (GV_C_choose, default 8; GV_N_choose, default 64) measures the chosen engine. About 10-15 minutes. `choose-8b` is
+# the same on the random-weight 8B model (below), runs/choose-8b.art/ its artifact without the model.
 # The variant `spec` is speculative decoding on text: for each of GV_SPEC_MODELS (fp8 bf16: the variants' recipes,
 # without evals), the artifact without speculation and with ngram speculation of each of GV_SPEC_NGRAM ("4 8")
 # tokens (the models after the first get its first value only), each served once by vLLM from its own
@@ -137,9 +145,10 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
 -s eval=[] -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
     draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
+    choose) echo "benchmarks/choose-vllm-sglang.toml" ;;  # vLLM or SGLang, chosen by measurement (header)
     sg-*) local base; base=$(recipe_of "${1#sg-}") || return 1  # the same recipe served by SGLang (header)
       echo "$base -s serve.backend=sglang" ;;
-    bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b|awq-8b|int8-8b|modelopt-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
+    bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b|awq-8b|int8-8b|modelopt-8b|choose-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
       local eight="-s model.source=$W/random-8b -s eval=[] -s serve.max_model_len=4096"
       case $1 in
         bf16-8b) echo "recipes/smollm2-vllm-h100.toml $eight" ;;
@@ -150,6 +159,7 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
         awq-8b) echo "recipes/awq-vllm.toml $eight -s compress.0.group_size=128" ;;
         int8-8b) echo "recipes/int8-sq-a100.toml $eight" ;;
         modelopt-8b) echo "recipes/modelopt-fp8-trtllm.toml $eight -s serve.backend=vllm" ;;
+        choose-8b) echo "benchmarks/choose-vllm-sglang.toml $eight" ;;
       esac ;;
     *) return 1 ;;
   esac
@@ -305,7 +315,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
         continue
       fi
       read -r -a recipe <<< "$(recipe_of "$v")"; [ ${#recipe[@]} -gt 0 ] || { say "unknown variant $v"; continue; }
-      eng=(); [[ $v == sg-* ]] && eng=("${sg_env[@]}")
+      eng=(); [[ $v == sg-* || $v == choose* ]] && eng=("${sg_env[@]}")
       say "$v: llmopt run ${recipe[*]}"
       t=$(date +%s)
       "${eng[@]}" python3 -m llmopt run "${recipe[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/$v" --format json \
@@ -314,10 +324,16 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       cp "$W/art/$v/reports/report.json" "$W/runs/$v.report.json" 2>/dev/null
       cp "$W/art/$v/manifest.json" "$W/runs/$v.manifest.json" 2>/dev/null  # the stages' outputs: the export's verify
       for f in "$W"/art/$v/deploy/*/launch.sh; do [ -e "$f" ] && cp "$f" "$W/runs/$v.launch.sh"; done
+      if [[ $v == choose* ]] && [ -d "$W/art/$v" ]; then  # every engine's launch config and tuning, the choice (header)
+        mkdir -p "$W/runs/$v.art" && cp -r "$W/art/$v"/{deploy,reports,manifest.json,README.md} "$W/runs/$v.art/"
+      fi
       ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
       [ "${GV_BENCH:-1}" = 0 ] && continue  # accuracy only (GV_SERVED_EVAL), no bench
       conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
-      case $v in ortcuda|ortcuda-batch|ortcuda-sens|ortcuda-paged) conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64} ;; esac
+      case $v in
+        ortcuda|ortcuda-batch|ortcuda-sens|ortcuda-paged) conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64} ;;
+        choose|choose-8b) conc=8 n=64 ;;  # the chosen engine at the workload it was chosen for
+      esac
       c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
       conc=${!c_of:-$conc} n=${!n_of:-$n}
       t=$(date +%s)

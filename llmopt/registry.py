@@ -25,9 +25,10 @@ from importlib.metadata import entry_points
 from llmopt.errors import UsageError
 
 KINDS = ("source", "compress", "export", "eval", "serve")  # the recipe's steps
-# the stages the plan adds after them (gate, deploy, bench, tune): registered as "stage" backends named by kind,
-# from these modules
-STAGE_MODULES = ("llmopt.plan.stages", "llmopt.bench.stage", "llmopt.bench.acceptance", "llmopt.tune.stage")
+# the stages the plan adds after them (gate, deploy, bench, tune, choose): registered as "stage" backends named by
+# kind, from these modules
+STAGE_MODULES = ("llmopt.plan.stages", "llmopt.bench.stage", "llmopt.bench.acceptance", "llmopt.tune.stage",
+                 "llmopt.tune.choose")
 
 _REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in (*KINDS, "stage")}
 _LOADED = False

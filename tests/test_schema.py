@@ -93,8 +93,13 @@ def test_each_naming_key_is_an_enum_of_the_registered_backends():
     tables = {"compress": "CompressStep", "draft": "CompressStep", "eval": "EvalItem", "export": "ExportSection", "serve": "ServeSection"}
     for section, key, kind, _ in BACKEND_SECTIONS:
         table = defs[tables[section]]
-        assert table["properties"][key]["enum"] == sorted(backends[kind])
-        assert [b["$ref"] for b in table["oneOf"]] == [f"#/$defs/{kind}.{name}" for name in sorted(backends[kind])]
+        named = table["properties"][key]
+        several = [] if kind != "serve" else ["#/$defs/ServeEngines"]  # [serve] backend may list several engines
+        if several:
+            named, listed = named["anyOf"]
+            assert listed["type"] == "array" and listed["items"]["enum"] == sorted(backends[kind])
+        assert named["enum"] == sorted(backends[kind])
+        assert [b["$ref"] for b in table["oneOf"]] == [f"#/$defs/{kind}.{name}" for name in sorted(backends[kind])] + several
 
 
 def test_options_carry_description_type_enum_and_default():
@@ -174,6 +179,14 @@ AGREE = {
     "ort enforce_eager": HEAD + '\n[serve]\nbackend = "ort"\nenforce_eager = true\n',
     "serve workload typo": HEAD + '\n[serve]\nbackend = "vllm"\nworkload = { concurency = 8 }\n',
     "serve without backend": HEAD + "\n[serve]\nmax_model_len = 2048\n",
+    "serve two engines": HEAD + '\n[serve]\nbackend = ["vllm", "sglang"]\nenforce_eager = true\n\n'
+                         '[serve.sglang]\ngpu_memory_utilization = 0.8\n',
+    "serve a list of one engine": HEAD + '\n[serve]\nbackend = ["vllm"]\nenforce_eager = true\n',
+    "serve an engine listed twice": HEAD + '\n[serve]\nbackend = ["vllm", "vllm"]\n',
+    "serve an unknown engine listed": HEAD + '\n[serve]\nbackend = ["vllm", "vlm"]\n',
+    "serve two engines, a key of none": HEAD + '\n[serve]\nbackend = ["vllm", "sglang"]\nwindow = 64\n',
+    "serve two engines, a table key of another": HEAD + '\n[serve]\nbackend = ["vllm", "sglang"]\n\n'
+                                                 '[serve.sglang]\nenforce_eager = true\n',
     "recipe bad name": HEAD.replace('"case"', '"-case"'),
     "unknown top-level key": HEAD + "\n[extras]\nx = 1\n",
     "missing model": 'schema_version = 1\nname = "case"\n',
@@ -197,6 +210,8 @@ DIFFER = {
         HEAD + '\n[export]\nformat = "onnx"\nexecution_provider = "NvTensorRtRtx"\ntrt_profile = [512, 256, 1]\n',
         False, True),
     "group_size as a string (coerced by pydantic)": (gptq('group_size = "64"'), True, False),
+    "a [serve] key only an engine not listed takes (the loader knows which are listed)": (
+        HEAD + '\n[serve]\nbackend = ["vllm", "sglang"]\nprovider = "cpu"\n', False, True),
 }
 
 

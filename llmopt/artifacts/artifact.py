@@ -61,6 +61,8 @@ def assemble(plan: Plan, manifests: dict, gates: list[dict], log_path: Path) -> 
         report = reports.write_all(tmp / "reports", plan, manifests, gates)
         manifest["bench"] = report.get("bench")  # the bench stage's figures (None without one)
         manifest["tune"] = report.get("tune")  # the tune stage's verdict (None without one)
+        if report.get("choice"):  # several engines: which one the artifact is served with, and every one's figures
+            manifest["choice"] = report["choice"]
         shutil.copy2(log_path, tmp / "reports" / "run.log")
         (tmp / "README.md").write_text(reports.card(plan, manifest, gates))
         manifest["linked"] = sorted(name for name, how in placed.items() if how == "link")
@@ -110,7 +112,7 @@ def write_rejudged(plan: Plan, manifests: dict, gates: list[dict], log_path: Pat
         folder = Path(plan.output_dir)
         reports.copy_named_files(new, source.parent, folder)
         reports.write_reports(folder, report["recipe"], report["recipe_sha256"], report.get("evals", {}), gates,
-                              report.get("bench"), report.get("tune"), report.get("training"))
+                              report.get("bench"), report.get("tune"), report.get("training"), report.get("choice"))
     return new
 
 
@@ -133,15 +135,20 @@ def write_results(plan: Plan, kind: str, log_path: Path) -> Path:
 
 
 def place_deploy(plan: Plan, manifests: dict, root: Path) -> dict:
-    """The deploy stage's launch configs copied to ``deploy/<engine>/`` (the tune stage's, when there is one);
-    the deploy stage's outputs (or {})."""
-    stage = next(iter(plan.kind("deploy")), None)
-    if stage is None:
+    """Each deploy stage's launch configs copied to ``deploy/<engine>/`` (its tune stage's, when there is one); the
+    outputs of the deploy stage of the engine the artifact is served with (the choose stage's pick, of several), or
+    {}."""
+    deploys = plan.kind("deploy")
+    if not deploys:
         return {}
-    tune = next(iter(plan.kind("tune")), None)  # the tuned launch config (or the prediction, saying it is not tuned)
-    source = plan.cache.path(tune.key) / "deploy" if tune is not None else plan.cache.path(stage.key)
-    shutil.copytree(source, root / "deploy" / stage.backend, ignore=shutil.ignore_patterns("manifest.json"))
-    return manifests[stage.name]["outputs"]
+    tunes = {s.backend: s for s in plan.kind("tune")}  # the tuned launch config (or the prediction, saying it is not)
+    for stage in deploys:
+        tune = tunes.get(stage.backend)
+        source = plan.cache.path(tune.key) / "deploy" if tune is not None else plan.cache.path(stage.key)
+        shutil.copytree(source, root / "deploy" / stage.backend, ignore=shutil.ignore_patterns("manifest.json"))
+    chosen = plan.kind("choose")
+    served = manifests[chosen[0].name]["outputs"]["engine"] if chosen else deploys[0].backend
+    return manifests[f"deploy.{served}"]["outputs"]
 
 
 def readable(root: Path) -> None:

@@ -34,7 +34,11 @@ REPORT_JSON_SCHEMA = {
                   "description": "the bench stage's figures per load point (recipes with [bench] enabled)"},
         "tune": {"type": "object", "required": ["tuned", "engine", "files"],
                  "description": "the tune stage's verdict: default and winner with their figures (recipes with [tune] "
-                 "enabled)"},
+                 "enabled; of several engines, the chosen one's)"},
+        "choice": {"type": "object", "required": ["engine", "measured", "objective", "reason", "engines"],
+                   "description": "the engine the artifact is served with, why, and every engine's line: measured or "
+                   "not (and why), tuned values, score and figures (recipes listing several engines in [serve] "
+                   "backend)"},
         "evals": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["metric", "value", "higher_is_better", "n", "scores"],
             "properties": {"metric": {"type": "string"}, "value": {"type": "number"}, "higher_is_better": {"type": "boolean"},
@@ -68,16 +72,18 @@ def write_all(folder: Path, plan, manifests: dict, gates: list[dict]) -> dict:
             outputs = outputs | {"scores": f"{stage.name}.scores.jsonl"}
         evals[stage.name] = outputs
     bench = copy_bench(folder, plan, manifests)
-    tune = copy_tune(folder, plan, manifests)
+    tunes = copy_tune(folder, plan, manifests)
+    choice = chosen(plan, manifests, tunes)
+    tune = tunes[choice["engine"]] if choice else next(iter(tunes.values()), None)
     training = copy_training(folder, plan, manifests)
     return write_reports(folder, plan.recipe.recipe.name, plan.recipe.digest, evals, with_score_files(folder, gates),
-                         bench, tune, training)
+                         bench, tune, training, choice)
 
 
 def copy_stage_files(folder: Path, plan, stage, names, subdir: str, prefix: str = "") -> dict[str, str]:
     """The files ``names`` (relative to the stage's cache folder; None skipped) that exist, copied to
     ``folder/subdir`` as ``prefix`` + their file name; returns {name: the copy's path relative to ``folder``}."""
-    (folder / subdir).mkdir(exist_ok=True)
+    (folder / subdir).mkdir(parents=True, exist_ok=True)
     copied = {}
     for name in names:
         source = plan.cache.path(stage.key) / name if name else None
@@ -141,16 +147,30 @@ def copy_bench(folder: Path, plan, manifests: dict) -> dict | None:
 TUNE_DIR = "tune"  # the tune stage's files, under reports/
 
 
-def copy_tune(folder: Path, plan, manifests: dict) -> dict | None:
-    """The tune stage's tuning.json and plot copied to ``folder/tune``; its outputs, or None without one."""
-    stage = next((s for s in plan.stages if s.kind == "tune"), None)
+def copy_tune(folder: Path, plan, manifests: dict) -> dict[str, dict]:
+    """The tune stage's tuning.json and plot copied to ``folder/tune`` (with several engines, each tune stage's to
+    ``folder/tune/<engine>``); each one's outputs by engine ({} without one)."""
+    stages = plan.kind("tune")
+    out = {}
+    for stage in stages:
+        subdir = TUNE_DIR if len(stages) == 1 else f"{TUNE_DIR}/{stage.backend}"
+        outputs = manifests[stage.name]["outputs"]
+        files = outputs.get("files", {})
+        copy_stage_files(folder, plan, stage, [files.get("json"), files.get("plot")], subdir)
+        out[stage.backend] = {k: v for k, v in outputs.items() if k != "files"} | {
+            "stage": stage.key, "files": {k: f"{subdir}/{v}" for k, v in files.items() if k != "deploy"}}
+    return out
+
+
+def chosen(plan, manifests: dict, tunes: dict[str, dict]) -> dict | None:
+    """The choose stage's outputs (several engines: the one served, why, every engine's line with its tuning files
+    from ``tunes``), or None without one."""
+    stage = next(iter(plan.kind("choose")), None)
     if stage is None:
         return None
     outputs = manifests[stage.name]["outputs"]
-    files = outputs.get("files", {})
-    copy_stage_files(folder, plan, stage, [files.get("json"), files.get("plot")], TUNE_DIR)
-    return {k: v for k, v in outputs.items() if k != "files"} | {
-        "stage": stage.key, "files": {k: f"{TUNE_DIR}/{v}" for k, v in files.items() if k != "deploy"}}
+    lines = [x | {"files": tunes[x["engine"]]["files"]} for x in outputs["engines"]]
+    return outputs | {"engines": lines, "stage": stage.key}
 
 
 def with_score_files(folder: Path, gates: list[dict]) -> list[dict]:
@@ -171,6 +191,7 @@ def named_files(report: dict) -> list[str]:
     for section in ("bench", "tune"):
         for value in (report.get(section) or {}).get("files", {}).values():
             names += value if isinstance(value, list) else [value]
+    names += [name for x in (report.get("choice") or {}).get("engines", []) for name in x.get("files", {}).values()]
     names += [t[k] for t in (report.get("training") or {}).values() for k in ("history", "plot") if t.get(k)]
     return names
 
@@ -189,9 +210,11 @@ def copy_named_files(report: dict, source: Path, folder: Path) -> None:
 
 
 def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gates: list[dict],
-                  bench: dict | None = None, tune: dict | None = None, training: dict | None = None) -> dict:
+                  bench: dict | None = None, tune: dict | None = None, training: dict | None = None,
+                  choice: dict | None = None) -> dict:
     """report.json, report.md and junit.xml in ``folder``; the summary also goes to GITHUB_STEP_SUMMARY.
-    ``bench``: the bench stage's figures, ``training``: the training stages' losses, sections of both reports."""
+    ``bench``: the bench stage's figures, ``training``: the training stages' losses, ``choice``: the engine chosen
+    of several, sections of both reports."""
     folder.mkdir(parents=True, exist_ok=True)
     report = {
         "schema_version": REPORT_SCHEMA,
@@ -205,10 +228,13 @@ def write_reports(folder: Path, name: str, recipe_sha256: str, evals: dict, gate
         report["bench"] = bench
     if tune is not None:
         report["tune"] = tune
+    if choice is not None:
+        report["choice"] = choice
     if training:
         report["training"] = training
     write_json(folder / "report.json", report)
-    summary = markdown(name, gates, evals) + (bench_markdown(bench) if bench else "") + (tune_markdown(tune) if tune else "")
+    summary = markdown(name, gates, evals) + (bench_markdown(bench) if bench else "")
+    summary += (choice_markdown(choice) if choice else "") + (tune_markdown(tune) if tune else "")
     summary += training_markdown(training) if training else ""
     (folder / "report.md").write_text(summary)
     (folder / "junit.xml").write_text(junit(name, gates))
@@ -329,6 +355,12 @@ def tune_markdown(tune: dict) -> str:
     return markdown(tune)
 
 
+def choice_markdown(choice: dict) -> str:
+    from llmopt.tune.choose import markdown
+
+    return markdown(choice)
+
+
 def junit(name: str, gates: list[dict]) -> str:
     failures = sum(g["verdict"] == "fail" for g in gates)
     suite = ET.Element("testsuite", name=f"llmopt.{name}", tests=str(len(gates)), failures=str(failures))
@@ -396,6 +428,8 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
         lines.append(draft_markdown(manifest["draft"], [s.method for s in recipe.draft]))
     if manifest.get("bench"):
         lines.append(bench_markdown(manifest["bench"]).lstrip("\n"))
+    if manifest.get("choice"):
+        lines.append(choice_markdown(manifest["choice"]).lstrip("\n"))
     if manifest.get("tune"):
         lines.append(tune_markdown(manifest["tune"]).lstrip("\n"))
     deploy = manifest.get("deploy") or {}

@@ -91,7 +91,8 @@ def plan_launch(folder: Path, engine: str, port: int) -> Launch:
     deploy = folder / "deploy"
     found = sorted(p.parent.name for p in deploy.glob("*/launch.sh")) if deploy.is_dir() else []
     if engine == "auto":
-        recorded = _recipe_backend(folder)
+        manifest = folder / "manifest.json"
+        recorded = served_engine(json.loads(manifest.read_text())) if manifest.is_file() else None
         engine = recorded if recorded in found else (found[0] if len(found) == 1 else "llmopt")
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if engine == "llmopt":
@@ -115,12 +116,12 @@ def plan_launch(folder: Path, engine: str, port: int) -> Launch:
     return Launch(engine, ["bash", str(script), *address], folder)
 
 
-def _recipe_backend(folder: Path) -> str | None:
-    manifest = folder / "manifest.json"
-    if not manifest.is_file():
-        return None
-    serve = ((json.loads(manifest.read_text()).get("recipe") or {}).get("resolved") or {}).get("serve") or {}
-    return serve.get("backend")
+def served_engine(manifest: dict) -> str | None:
+    """The engine an artifact is served with: its deploy stage's (the chosen one, of several engines in [serve]
+    backend), else the one its recipe names; None without [serve]."""
+    serve = ((manifest.get("recipe") or {}).get("resolved") or {}).get("serve") or {}
+    backend = serve.get("backend")
+    return (manifest.get("deploy") or {}).get("engine") or (backend if isinstance(backend, str) else None)
 
 
 # --- pid files -------------------------------------------------------------------------------------------------

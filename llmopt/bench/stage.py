@@ -21,6 +21,7 @@ That stage is volatile: a benchmark measures afresh each time it is asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -41,7 +42,8 @@ class ServedLoad(BaseModel):
     """What a stage that measures the live engine sends it, and judges: from [serve] and [bench]."""
 
     model_config = ConfigDict(extra="forbid")
-    engine: str = Field(description="The engine the deploy stage's launch config starts ([serve] backend).")
+    engine: str = Field(description="The engine the deploy stage's launch config starts ([serve] backend; auto "
+                        "after a choose stage: the engine it picked).")
     workload: Workload = Field(description="[serve].workload: prompt and output tokens, and the concurrency sent.")
     slo: SLO = Field(description="[serve].slo: the bounds goodput counts requests within.")
     requests: int = Field(ge=1, description="Measured requests ([bench] requests; [tune] requests for a trial).")
@@ -60,8 +62,11 @@ class BenchStageOptions(ServedLoad):
 
 
 def bench_options(recipe) -> BenchStageOptions:
+    """The bench stage of ``llmopt run``; with several engines in [serve] backend, engine "auto": the one the choose
+    stage picked, whose launch config it reads."""
     serve, bench = recipe.serve, recipe.bench
-    return BenchStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo, requests=bench.requests,
+    engine = serve.backend if isinstance(serve.backend, str) else "auto"
+    return BenchStageOptions(engine=engine, workload=serve.workload, slo=serve.slo, requests=bench.requests,
                              warmup=bench.warmup, repeats=bench.repeats, split=bench.split)
 
 
@@ -110,7 +115,8 @@ def located(workload: Workload, ctx: StageContext) -> Workload:
 
 
 def plan_problems(loaded) -> list[Problem]:
-    """A bench without a [serve] section, or whose engine is not installed on this machine."""
+    """A bench without a [serve] section, or whose engine is not installed on this machine (of several engines in
+    [serve] backend, none)."""
     from llmopt.bench import engine
 
     recipe = loaded.recipe
@@ -119,14 +125,20 @@ def plan_problems(loaded) -> list[Problem]:
         return [Problem("[bench] enabled = true, but the recipe has no [serve] section: there is no server to "
                         "benchmark", where, "add a [serve] section (backend, workload, slo), or set [bench] "
                         "enabled = false")]
-    name = recipe.serve.backend
-    if name in LAUNCHED_BY_SCRIPT and not engine.engine_installed(name):
-        what, pin = engine.INSTALLED_BY[name]
-        found = f"no `{what}` on PATH" if what else "python3 cannot import sglang"
-        return [Problem(f"[bench] starts the artifact's {name} server, but {name} is not installed on this machine "
-                        f"({found})", where, f"install {name} ({pin}) and run there, or set [bench] enabled = false "
-                        f"(then `llmopt bench ARTIFACT` where {name} is installed)")]
-    return []
+    names = recipe.serve.engines
+    missing = [name for name in names if name in LAUNCHED_BY_SCRIPT and not engine.engine_installed(name)]
+    if len(missing) < len(names):
+        return []
+    if len(names) > 1:
+        return [Problem(f"[bench] starts the chosen engine's server, but none of {', '.join(names)} is installed on "
+                        "this machine", where, "run where one of them is installed, or set [bench] enabled = false "
+                        "(then `llmopt bench ARTIFACT` where the chosen engine is installed)")]
+    name = names[0]
+    what, pin = engine.INSTALLED_BY[name]
+    found = f"no `{what}` on PATH" if what else "python3 cannot import sglang"
+    return [Problem(f"[bench] starts the artifact's {name} server, but {name} is not installed on this machine "
+                    f"({found})", where, f"install {name} ({pin}) and run there, or set [bench] enabled = false "
+                    f"(then `llmopt bench ARTIFACT` where {name} is installed)")]
 
 
 @register("stage", "bench")
@@ -139,6 +151,9 @@ class BenchStage(StageKind):
     def run(self, options: BenchStageOptions, ctx: StageContext) -> dict:
         from llmopt.bench.runner import run_bench
 
+        if options.engine == "auto":  # after a choose stage: the engine it picked, as a recipe of it alone
+            options = options.model_copy(update={"engine": ctx.input_manifests["deploy"]["outputs"]["engine"]})
+            ctx = dataclasses.replace(ctx, recipe=ctx.recipe.for_engine(options.engine))
         target = ctx.out_dir / "target"
         lay_out(target, ctx, options.engine)
         run = (options.load or BenchOptions(engine=options.engine)).model_copy(update={

@@ -3,6 +3,7 @@ cross-stage rules, the cache keys and the estimates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -61,9 +62,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
         draft = builder.draft(source)
         builder.evals(source, target)
         builder.gate()
-        deploy = builder.deploy(target, draft)
-        builder.bench(deploy, target, draft)
-        builder.tune(deploy, target, draft)
+        builder.serving(target, draft)
     else:
         target = builder.candidate(candidate, source)
         builder.evals(source, target, endpoint=endpoint if candidate is None else None,
@@ -101,12 +100,15 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
     it measures afresh each time."""
     import time
 
+    from llmopt.bench.engine import served_engine
     from llmopt.recipe.load import resolved_recipe
 
     folder = Path(folder).expanduser().resolve()
     manifest = artifact_manifest(folder)
     loaded = resolved_recipe((manifest.get("recipe") or {}).get("resolved") or {}, folder / "manifest.json",
                              [*(["tune.enabled=true"] if scope == "tune" else []), *overrides])
+    if loaded.recipe.serve is not None:  # of several engines, the one the artifact is served with
+        loaded = loaded.for_engine(served_engine(manifest) or loaded.recipe.serve.engines[0])
     serve = loaded.recipe.serve
     deploy_dir = folder / "deploy" / serve.backend if serve is not None else None
     launchable = deploy_dir is not None and (deploy_dir / "launch.sh").is_file()
@@ -127,7 +129,7 @@ def build_artifact_plan(folder: str | Path, overrides: list[str] | tuple[str, ..
     deploy = builder.add(in_place_deploy(deploy_dir, serve.backend)) if launchable else None
     draft = builder.add(in_place_draft(folder, manifest)) if (folder / "draft" / "config.json").is_file() else None
     if scope == "tune":
-        builder.tune(deploy, model, draft)
+        builder.tune([deploy] if deploy is not None else [], model, draft)
     else:
         from llmopt.bench.stage import artifact_bench_options, dataset_facts
 
@@ -240,9 +242,9 @@ class _Builder:
         self.engine_model: Stage | None = None  # the model an engine loads (model_stages)
         self.draft_facts: dict | None = None  # the layers and parameters of the draft [[draft]] makes
 
-    def ctx(self, step: tuple, **kw) -> PlanContext:
-        return PlanContext(recipe=self.loaded, step=step, model=self.info, gpu=self.gpu, upstream=list(self.upstream),
-                           source=self.source_info, **kw)
+    def ctx(self, step: tuple, recipe: LoadedRecipe | None = None, **kw) -> PlanContext:
+        return PlanContext(recipe=recipe or self.loaded, step=step, model=self.info, gpu=self.gpu,
+                           upstream=list(self.upstream), source=self.source_info, **kw)
 
     def add(self, stage: Stage) -> Stage:
         self.stages.append(stage)
@@ -393,28 +395,56 @@ class _Builder:
         self.add(Stage("gate", "gate", "paired", ("eval",), options, inputs,
                        volatile=any(s.volatile for s in evals)))
 
-    def deploy(self, model_stage: Stage, draft: Stage | None = None) -> Stage | None:
-        """The serve backend's launch configs for the final model; its plan-time checks and what it accepts."""
+    def serving(self, model_stage: Stage, draft: Stage | None) -> None:
+        """[serve]: the deploy stage, then [bench] and [tune]. With several engines in [serve] backend: a deploy and
+        a tune stage each, the choice between them (``llmopt.tune.choose``), then the bench of the chosen engine."""
         serve = self.loaded.recipe.serve
-        if serve is None:
+        if serve is None or len(serve.engines) == 1:
+            deploy = self.deploy(model_stage, draft)
+            self.bench(deploy, model_stage, draft)
+            self.tune([deploy] if deploy is not None else [], model_stage, draft)
+            return
+        deploys = [self.deploy(model_stage, draft, engine) for engine in serve.engines]
+        if not self.loaded.recipe.tune.enabled:
+            self.problems.append(Problem(
+                f"[serve] backend lists {len(deploys)} engines, but [tune] is not enabled: the engine is chosen by "
+                "measuring each", self.loaded.where("serve", "backend"), "set [tune] enabled = true (max_trials = 1 "
+                "measures each engine's predicted config alone), or name one engine"))
+            return
+        tunes = self.tune(deploys, model_stage, draft)
+        if tunes:
+            from llmopt.tune.choose import choose_options
+
+            options = choose_options(self.loaded.recipe)
+            chosen = self.add(Stage("choose", "choose", options.objective, ("serve",), options,
+                                    {stage.backend: stage.name for stage in tunes}))
+            self.bench(chosen, model_stage, draft)
+
+    def deploy(self, model_stage: Stage, draft: Stage | None = None, engine: str | None = None) -> Stage | None:
+        """The serve backend's launch configs for the final model; its plan-time checks and what it accepts.
+        ``engine``: one of several [serve] backend lists, whose problems name it."""
+        if self.loaded.recipe.serve is None:
             return None
-        options = self.loaded.options_for("serve", None)
+        loaded = self.loaded.for_engine(engine) if engine else self.loaded  # as a recipe of that engine alone
+        recipe, serve = loaded.recipe, loaded.recipe.serve
+        options = loaded.options_for("serve", None)
         backend = registry.get("serve", serve.backend)()
-        self.problems += backend.check(options, self.ctx(("serve",)))
-        recipe = self.loaded.recipe
+        found = backend.check(options, self.ctx(("serve",), loaded))
+        self.problems += [dataclasses.replace(p, message=f"{engine}: {p.message}") for p in found] if engine else found
         facts = {"name": recipe.name, "model": recipe.model.model_dump(mode="json"),
                  "serve": serve.model_dump(mode="json"), "target": recipe.target.model_dump(mode="json")}
         material = {"recipe": facts}
-        engine = backend.key_material(options)  # the engine release found here, for one
-        if engine:
-            material["engine"] = engine
+        engine_release = backend.key_material(options)  # the engine release found here, for one
+        if engine_release:
+            material["engine"] = engine_release
         inputs = {"model": model_stage.name, **({"draft": draft.name} if draft is not None else {})}
         return self.add(Stage(f"deploy.{serve.backend}", "deploy", serve.backend, ("serve",), options, inputs,
                               material))
 
     def bench(self, deploy: Stage | None, model_stage: Stage, draft: Stage | None = None) -> None:
-        """With [bench] enabled: the artifact's server started from the deploy stage's launch config and
-        measured (``llmopt.bench.stage``); no [serve] section, or an engine not installed here, is an error."""
+        """With [bench] enabled: the artifact's server started from the deploy stage's launch config (the chosen
+        engine's, after a choose stage) and measured (``llmopt.bench.stage``); no [serve] section, or no engine
+        installed here, is an error."""
         if not self.loaded.recipe.bench.enabled:
             return
         from llmopt.bench.stage import bench_options, dataset_facts, plan_problems
@@ -426,28 +456,32 @@ class _Builder:
         options = bench_options(self.loaded.recipe)
         found, material = dataset_facts(self.loaded, options.workload)
         self.problems += found
-        self.add(Stage("bench", "bench", deploy.backend, ("bench",), options,
+        self.add(Stage("bench", "bench", options.engine, ("bench",), options,
                        served_inputs(model_stage, deploy, draft), material))
 
-    def tune(self, deploy: Stage | None, model_stage: Stage, draft: Stage | None = None) -> None:
-        """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``),
-        after the bench stage; keyed on whether the engine can start here, since without it the prediction stays."""
+    def tune(self, deploys: list[Stage], model_stage: Stage, draft: Stage | None = None) -> list[Stage]:
+        """With [tune] enabled: the launch parameters searched against the live engine (``llmopt.tune.stage``), a
+        stage per deploy stage (``tune``; ``tune.<engine>`` with several engines), after the bench stage; keyed on
+        whether the engine can start here, since without it the prediction stays."""
         if not self.loaded.recipe.tune.enabled:
-            return
+            return []
         from llmopt.tune.stage import engine_available, plan_problems, tune_options
 
         found = plan_problems(self.loaded)
         self.problems += found
-        if deploy is None or any(p.severity == "error" for p in found):
-            return
+        if not deploys or any(p.severity == "error" for p in found):
+            return []
         from llmopt.bench.stage import dataset_facts
 
-        options = tune_options(self.loaded.recipe)
-        found, material = dataset_facts(self.loaded, options.workload)
+        found, material = dataset_facts(self.loaded, self.loaded.recipe.serve.workload)
         self.problems += found
-        self.add(Stage("tune", "tune", deploy.backend, ("tune",), options,
-                       served_inputs(model_stage, deploy, draft),
-                       {"engine_available": engine_available(options.engine), **material}))
+        stages = []
+        for deploy in deploys:
+            options = tune_options(self.loaded.recipe, deploy.backend)
+            stages.append(self.add(Stage("tune" if len(deploys) == 1 else f"tune.{deploy.backend}", "tune",
+                                         deploy.backend, ("tune",), options, served_inputs(model_stage, deploy, draft),
+                                         {"engine_available": engine_available(options.engine), **material})))
+        return stages
 
 
 def served_inputs(model: Stage, deploy: Stage | None, draft: Stage | None) -> dict[str, str]:

@@ -31,7 +31,8 @@ def compress_placement(loaded: LoadedRecipe, stages: list[Stage], source: ModelI
 
 def plan_estimates(plan: Plan, info: ModelInfo | None, source_info: ModelInfo | None) -> dict:
     """Sizes from the size model (``estimates``): the source folder, the final model folder as its last
-    stage writes it, and the KV cache from the serving memory model (``memory``) when a GPU is named. ``info``:
+    stage writes it, and the KV cache from the serving memory model (``memory``) when a GPU is named (for the
+    first engine [serve] backend lists). ``info``:
     the final model's config facts (after pruning), ``source_info``: the source's."""
     if info is None:
         return {"note": "model facts unknown; no estimates"}
@@ -58,7 +59,8 @@ def plan_estimates(plan: Plan, info: ModelInfo | None, source_info: ModelInfo | 
         out["calibration_memory_bytes"] = estimates.calibration_bytes(source_info, dtype, cal.samples, cal.max_seq_len)
     if plan.gpu is not None:
         try:
-            planned = inputs.estimated_memory(plan.recipe, info, plan.gpu, after["weight_bytes"]).to_dict()
+            default = plan.recipe.for_engine(recipe.serve.engines[0]) if recipe.serve is not None else plan.recipe
+            planned = inputs.estimated_memory(default, info, plan.gpu, after["weight_bytes"]).to_dict()
             out["kv_cache"] = {k: v for k, v in planned.items() if k != "tried"} | {"fits": True}
         except UsageError as exc:
             out["kv_cache"] = {"fits": False, "reason": exc.what, "fix": exc.fix}

@@ -81,7 +81,8 @@ def unchecked_without_facts(loaded: LoadedRecipe, source: bool = False) -> list[
         out.append(f"export ({recipe.export.format}): block size and embeddings against the model's layers")
     out += [f"eval[{i}] ({item.kind}): the window against the model's context" for i, item in enumerate(recipe.eval)
             if hasattr(loaded.options.get(("eval", i)), "window")]
-    if recipe.serve is not None and recipe.serve.backend != "ort" and recipe.target.gpu:
-        out.append(f"serve ({recipe.serve.backend}): max_model_len against the model's context, and the memory model")
+    engines = [e for e in recipe.serve.engines if e != "ort"] if recipe.serve is not None else []
+    if engines and recipe.target.gpu:
+        out.append(f"serve ({', '.join(engines)}): max_model_len against the model's context, and the memory model")
     out.append("estimates of the weights, the artifact, calibration memory and the KV cache")
     return out

@@ -75,15 +75,14 @@ def cross_stage_rules(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo
     if rules is not None:  # an export that converts only some formats
         for stage in produced[:produced.index(export)]:
             problems += _handed_over(loaded, stage, rules, f"exported to {export.backend}", gpu)
-    serve = loaded.recipe.serve
-    if serve is not None:
-        options = loaded.options_for("serve", None)
-        rules = registry.get("serve", serve.backend)().accepts(options)
+    for engine in loaded.recipe.serve.engines if loaded.recipe.serve is not None else []:  # each engine listed
+        options = loaded.for_engine(engine).options_for("serve", None)
+        rules = registry.get("serve", engine)().accepts(options)
         # the layers' shapes as served: the model after the compress steps (pruning), at the recipe's tensor
         # parallel size (1 where the planner chooses it)
         tp = getattr(options, "tensor_parallel_size", None) or 1
         for stage in produced:  # the artifact carries every step's format (2:4 zeros under int4 weights)
-            problems += _handed_over(loaded, stage, rules, f"served by {serve.backend}", gpu, info, tp)
+            problems += _handed_over(loaded, stage, rules, f"served by {engine}", gpu, info, tp)
     return problems
 
 

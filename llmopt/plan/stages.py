@@ -14,6 +14,7 @@ in the plan like every other stage, with a cache key, a folder and a manifest:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,6 +98,7 @@ class DeployStage(StageKind):
         self.requires = self.serve.requires
 
     def run(self, options, ctx: StageContext) -> dict:
+        ctx = dataclasses.replace(ctx, recipe=ctx.recipe.for_engine(self.backend))  # one of several: as its own
         return self.serve.render(options, ctx) or {}
 
 

@@ -8,7 +8,9 @@ pydantic gives the shape of the recipe (``llmopt.recipe.schema``) and each backe
   registered now, built-ins and entry-point backends alike;
 * ``oneOf`` one closed branch per backend: the naming key as a ``const``, the section's core
   keys, that backend's options, and ``additionalProperties: false``. So a ``method = "gptq"``
-  table is checked against GPTQ's keys, and ``group_sizee`` or perplexity's ``window`` fails.
+  table is checked against GPTQ's keys, and ``group_sizee`` or perplexity's ``window`` fails;
+* for ``[serve]``, whose ``backend`` may list several engines, one more branch: the list, every
+  engine's options and a ``[serve.<engine>]`` table of each engine's own.
 
 Editors: taplo (Even Better TOML) gathers completions from ``properties``, ``$ref``,
 ``oneOf``, ``anyOf`` and ``allOf`` (not from ``if``/``then``) and validates as draft 7. So the
@@ -19,7 +21,8 @@ keys of every backend of a section; validation is exact.
 
 The loader (``llmopt.recipe.load``) is the truth. The schema is looser where a rule is Python
 code that JSON Schema cannot express: cross-key rules in ``check`` (W8A8 takes no
-``group_size``) and validators such as onnx's ``trt_profile`` order (min <= opt <= max). It is
+``group_size``), validators such as onnx's ``trt_profile`` order (min <= opt <= max), and a
+[serve] key of several engines, which one of the engines listed must take (the schema: any engine). It is
 stricter only where pydantic coerces in lax mode (``group_size = "64"``, ``symmetric = 1``):
 it states the type a recipe should use. TOML has no null, so ``null`` alternatives are dropped.
 """
@@ -82,6 +85,12 @@ def _backend_table(core: dict, key: str, kind: str, backends: dict[str, type], d
         def_name = _def_name(kind, name)
         defs[def_name] = _branch(core, key, name, cls, needs_key=name != default, defs=defs, prefix=def_name)
         branches.append({"$ref": f"#/$defs/{def_name}"})
+    if kind == "serve":  # backend names one engine, or lists several
+        one = {k: v for k, v in properties[key].items() if k not in ("anyOf", "description", "title")}
+        properties[key] = {"description": properties[key]["description"],
+                           "anyOf": [{"type": "string", **one}, ENGINE_LIST | {"items": {"enum": names}}]}
+        defs[ENGINES] = _engines_branch(core, key, backends, defs)
+        branches.append({"$ref": f"#/$defs/{ENGINES}"})
     table = {k: v for k, v in core.items() if k not in ("properties", "additionalProperties", "required")}
     table.update(type="object", properties=properties, oneOf=branches)
     if core.get("required"):
@@ -108,6 +117,33 @@ def _branch(core: dict, key: str, name: str, cls: type, needs_key: bool, defs: d
     if not branch["required"]:
         del branch["required"]
     return branch
+
+
+ENGINES = "ServeEngines"  # the $defs name of [serve] with several engines
+ENGINE_LIST = {"type": "array", "minItems": 1, "uniqueItems": True}
+
+
+def _engines_branch(core: dict, key: str, backends: dict[str, type], defs: dict) -> dict:
+    """[serve] listing several engines in ``key``: the core keys, every engine's options (a key several engines
+    take: any of their forms) and a table per engine of its own options; nothing else."""
+    tables: dict[str, dict] = {}
+    shared: dict[str, list] = {}
+    for name, cls in backends.items():
+        options = cls.Options.model_json_schema()
+        _adopt_defs(options, _def_name("serve", name), defs)
+        own = {k: v for k, v in options.get("properties", {}).items() if k not in core["properties"]}
+        tables[name] = {"type": "object", "description": f"{name}'s own values, over the [serve] keys it takes.",
+                        "properties": own, "additionalProperties": False}
+        for option, form in own.items():
+            forms = shared.setdefault(option, [])
+            if form not in forms:
+                forms.append(form)
+    options = {k: forms[0] if len(forms) == 1 else {"anyOf": forms} for k, forms in shared.items()}
+    core_keys = {k: v for k, v in core["properties"].items() if k != key}
+    return {"type": "object", "title": f"{key} = [several engines]",
+            "description": "Each engine listed is deployed and tuned; the artifact is served by the one measured best.",
+            "properties": {key: ENGINE_LIST | {"items": {"enum": list(backends)}}, **options, **tables, **core_keys},
+            "required": [key], "additionalProperties": False}
 
 
 def _adopt_defs(schema: dict, prefix: str, defs: dict) -> None:

@@ -11,6 +11,7 @@ does not cascade into many errors.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -50,17 +51,41 @@ class LoadedRecipe:
     path: Path
     data: dict
     lines: dict = field(repr=False, default_factory=dict)
-    options: dict[tuple, BaseModel] = field(default_factory=dict)  # ("compress", 0) -> Options
+    # ("compress", 0) -> Options; with several engines in [serve] backend, ("serve", <engine>) -> each one's, and
+    # ("serve", None) -> the first listed's (the prediction's default)
+    options: dict[tuple, BaseModel] = field(default_factory=dict)
     overrides: dict[tuple, str] = field(default_factory=dict)  # ("compress", 0, "bits") -> "compress[0].bits=8"
+    engine_keys: dict[str, dict] = field(default_factory=dict)  # several engines: engine -> the [serve] keys it takes
+    engine: str | None = None  # the engine a view of ``for_engine`` is for
 
     def where(self, *key_path: Any) -> str:
         """``file:line: key.path``, or ``-s spec (command line)`` when an override set the key (or a table above it)."""
+        key_path = self._in_engine_table(key_path)
         spec = self.override_of(key_path)
         if spec is not None:
             return spec if self._override_path(key_path) == tuple(key_path) else f"{spec}: {render_path(key_path)}"
         line = line_of(self.lines, key_path)
         loc = f"{self.path}:{line}" if line else str(self.path)
         return f"{loc}: {render_path(key_path)}" if key_path else loc
+
+    def _in_engine_table(self, key_path: tuple) -> tuple:
+        """A [serve] key that the engine of this view takes from its ``[serve.<engine>]`` table: that table's path."""
+        serve = self.data.get("serve") if self.engine else None
+        table = serve.get(self.engine) if isinstance(serve, dict) else None
+        if isinstance(table, dict) and tuple(key_path[:1]) == ("serve",) and len(key_path) > 1 and key_path[1] in table:
+            return ("serve", self.engine, *key_path[1:])
+        return tuple(key_path)
+
+    def for_engine(self, engine: str) -> LoadedRecipe:
+        """The recipe as a recipe of ``engine`` alone, one of several [serve] backend lists: its [serve] holds the
+        keys that engine takes, and its options are that engine's. A recipe of one engine is itself."""
+        serve = self.recipe.serve
+        if serve is None or serve.backend == engine:
+            return self
+        fields = {name: getattr(serve, name) for name in type(serve).model_fields}
+        alone = type(serve).model_validate(fields | {"backend": engine} | self.engine_keys[engine])
+        return dataclasses.replace(self, recipe=self.recipe.model_copy(update={"serve": alone}), engine=engine,
+                                   options={**self.options, ("serve", None): self.options[("serve", engine)]})
 
     def override_of(self, key_path: tuple) -> str | None:
         """``-s spec (command line)`` of the override that set ``key_path`` or a table above it, else None."""
@@ -177,6 +202,11 @@ def _backend_pass(data: dict, loaded: LoadedRecipe, bad_names: set[str]) -> list
                 continue
             base = (section,) if index is None else (section, index)
             name = item.get(name_key, "hf" if section == "export" else None)
+            if section == "serve" and isinstance(name, list) and "serve.backend" not in bad_names:
+                if len(name) != 1:  # several engines (a list of one is that engine)
+                    problems += _engines_pass(item, loaded)
+                    continue
+                name = name[0]
             if not isinstance(name, str) or render_path(base + (name_key,)) in bad_names:
                 continue
             try:
@@ -194,6 +224,68 @@ def _backend_pass(data: dict, loaded: LoadedRecipe, bad_names: set[str]) -> list
                     err = dict(err, loc=base + tuple(err["loc"]))
                     problems.append(_problem(err, loaded, backend.Options, known))
     return problems
+
+
+def _engines_pass(item: dict, loaded: LoadedRecipe) -> list[Problem]:
+    """[serve] backend listing several engines: each once, each registered. Every other key of [serve] must be an
+    option of at least one of them and goes to each that has it; a ``[serve.<engine>]`` table holds that engine's
+    own values, over those. Each engine's keys are validated against its own options."""
+    from llmopt.recipe.schema import ServeSection
+
+    valid = registry.names("serve")
+    if not item["backend"]:
+        return [Problem("backend lists no engine", loaded.where("serve", "backend"),
+                        f"name one engine, or list several of: {', '.join(valid)}")]
+    problems: list[Problem] = []
+    engines: dict[str, type] = {}
+    for index, name in enumerate(item["backend"]):
+        if name in engines:
+            problems.append(Problem(f"{name!r} is listed twice", loaded.where("serve", "backend", index),
+                                    "list each engine once"))
+            continue
+        try:
+            engines[name] = registry.get("serve", name)
+        except UsageError as exc:  # "did you mean"
+            problems.append(Problem(exc.what, loaded.where("serve", "backend", index),
+                                    f"list engines of: {', '.join(valid)}"))
+    core = set(ServeSection.model_fields)
+    given = {k: v for k, v in item.items() if k not in core}
+    tables = {k: given.pop(k) for k in list(given) if k in valid}
+    for name, table in tables.items():
+        if name not in engines:
+            problems.append(Problem(f"[serve.{name}] gives options of {name}, which backend does not list",
+                                    loaded.where("serve", name), f'add "{name}" to backend, or remove the table'))
+        elif not isinstance(table, dict):
+            problems.append(Problem(f"serve.{name} is not a table of {name}'s options", loaded.where("serve", name),
+                                    f"write its keys under [serve.{name}]"))
+    known = set().union(*(cls.Options.model_fields for cls in engines.values()))
+    if len(engines) == len(set(item["backend"])):  # an unknown engine's keys are not judged
+        problems += [_problem({"loc": ("serve", key), "type": "extra_forbidden", "msg": ""}, loaded, ServeSection,
+                              known | core | set(engines)) for key in given if key not in known]
+    for name, cls in engines.items():
+        table = tables.get(name) if isinstance(tables.get(name), dict) else {}
+        loaded.engine_keys[name] = {k: v for k, v in given.items() if k in cls.Options.model_fields} | table
+        try:
+            loaded.options[("serve", name)] = cls.Options.model_validate(loaded.engine_keys[name])
+        except ValidationError as exc:
+            problems += [_engine_problem(err, name, cls.Options, table, loaded) for err in exc.errors()]
+    first = ("serve", next(iter(engines), None))
+    if first in loaded.options:
+        loaded.options[("serve", None)] = loaded.options[first]
+    return problems
+
+
+def _engine_problem(err: dict, engine: str, model: type[BaseModel], table: dict, loaded: LoadedRecipe) -> Problem:
+    """A problem of ``engine``'s options: at its ``[serve.<engine>]`` table's key, or at a [serve] key several
+    engines take, saying which engine refused it."""
+    own = bool(err["loc"]) and err["loc"][0] in table
+    base = ("serve", engine) if own else ("serve",)
+    problem = _problem(dict(err, loc=base + tuple(err["loc"])), loaded, model,
+                       set(model.model_fields) if len(err["loc"]) == 1 else None)
+    if own:
+        return problem
+    return Problem(f"{engine}: {problem.message}", problem.where,
+                   "; ".join(filter(None, [problem.hint, f"give {engine} its own value in [serve.{engine}]"])))
 
 
 def _problem(err: dict, loaded: LoadedRecipe, model: type[BaseModel], known: set | None = None) -> Problem:

@@ -181,9 +181,11 @@ class SpeculativeSection(Section):
 
 
 class ServeSection(BackendStep):
-    backend: str = Field(
-        description="Serving engine the deploy configs are written for: vllm, trtllm, sglang, ort. "
-        "Other keys are that engine's options."
+    backend: str | list[str] = Field(
+        description="Serving engine the deploy configs are written for: vllm, trtllm, sglang, ort. Other keys are "
+        "that engine's options. A list of several (`[\"vllm\", \"sglang\"]`, each once) has each deployed and tuned, "
+        "and the artifact served by the one [tune] measures best (needs [tune] enabled; docs/tune.md): each other "
+        "key goes to the listed engines that have it, and a `[serve.<engine>]` table holds one engine's own values."
     )
     max_model_len: int = Field(4096, ge=16, description="Longest sequence (prompt + output) served.")
     workload: Workload = Field(default_factory=Workload, description="Traffic the launch config is tuned for.")
@@ -191,6 +193,20 @@ class ServeSection(BackendStep):
     speculative: SpeculativeSection | None = Field(
         None, description="Speculative decoding in the launch config, for any engine (docs/deploy.md); none: off. "
         "It changes speed only: measure it with [bench] (acceptance rate per load point).")
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _one_listed(cls, value: Any) -> Any:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value[0] if len(value) == 1 else value  # a list of one engine dumps (and keys stages) as its name
+        if isinstance(value, str):
+            return value
+        raise ValueError('name an engine (backend = "vllm") or list several (backend = ["vllm", "sglang"])')
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines ``backend`` names, in its order; the first is the prediction's default."""
+        return list(self.backend) if isinstance(self.backend, list) else [self.backend]
 
     @model_serializer(mode="wrap")
     def _without_speculation_off(self, handler):
@@ -251,7 +267,9 @@ class TuneSection(Section):
                           "[serve]'s launch config with its values, sends [serve].workload and scores goodput under "
                           "[serve].slo (output tokens/s without an SLO); the winner's config is the artifact's "
                           "deploy/<engine>/, with tuning.json and a plot in reports/tune/ (docs/tune.md). Needs "
-                          "[serve]; an engine not installed here leaves the prediction, with a warning.")
+                          "[serve]; an engine not installed here leaves the prediction, with a warning. Required with "
+                          "several engines in [serve] backend: each is searched and the one measured best serves the "
+                          "artifact (a choose stage).")
     max_trials: int = Field(8, ge=1, description="Largest number of launch configurations tried (the default first).")
     max_minutes: float | None = Field(None, gt=0, description="Stop starting trials after this many minutes (a trial "
                                       "in progress finishes).")
@@ -264,7 +282,8 @@ class TuneSection(Section):
     space: dict[str, list[Any]] = Field(
         default_factory=dict, description="Candidates of a parameter, replacing llmopt's (which never start below "
         "the deploy stage's prediction): `space = { max-num-seqs = [256, 512] }`. The names are the engine's "
-        "(docs/tune.md lists them); the predicted value is always tried first. With [serve.speculative], "
+        "(docs/tune.md lists them; with several engines, each name goes to the engines that have it); the predicted "
+        "value is always tried first. With [serve.speculative], "
         "num_speculative_tokens (0: off) is searched too: `space = { num_speculative_tokens = [0, 2, 4] }`.")
     lossless_prompts: int = Field(16, ge=0, description="With [serve.speculative]: the workload's prompts whose greedy "
                                   "answers are compared with and without speculation after the search; fewer than 90% "

@@ -92,8 +92,9 @@ def markdown(tune: dict) -> str:
     lines = ["", f"## Launch tuning: {tune.get('engine')}", ""]
     if not tune.get("tuned"):
         return "\n".join(lines + [f"Not tuned: {tune.get('reason')}", ""])
+    files = Path((tune.get("files") or {}).get("json") or "tune/tuning.json").parent  # tune/<engine>: one of several
     lines.append(f"{tune['trials']} trials ({how(tune)}), objective {tune['objective']}; stopped: {tune['stopped']}. "
-                 f"Winner: {times(tune['gain'])} the predicted config's {tune['objective']}. Files: reports/tune/.")
+                 f"Winner: {times(tune['gain'])} the predicted config's {tune['objective']}. Files: reports/{files}/.")
     lines += ["", "| config | values | goodput req/s | output tok/s | TTFT p99 ms | TPOT p99 ms |", "|---|---|---|---|---|---|"]
     for name in ("default", "winner"):
         values, fig = tune.get(name) or {}, tune.get(f"{name}_figures") or {}
@@ -118,8 +119,8 @@ def speculation_lines(spec: dict | None) -> list[str]:
         for label, side in (("with", spec["with"]), ("without", spec["without"])):
             tpot = side.get("tpot_ms") or {}
             lines.append(f"| {label} ({spec['parameter']} {side['values'].get(spec['parameter'])}) | "
-                         f"{side.get('output_throughput') or 0:.1f} | {_num(tpot.get('p50'))} | {_num(tpot.get('p99'))} | "
-                         f"{_num(side.get('acceptance_rate'), '.2f')} | {_num(side.get('mean_acceptance_length'), '.2f')} |")
+                         f"{side.get('output_throughput') or 0:.1f} | {num(tpot.get('p50'))} | {num(tpot.get('p99'))} | "
+                         f"{num(side.get('acceptance_rate'), '.2f')} | {num(side.get('mean_acceptance_length'), '.2f')} |")
     check = spec.get("lossless")
     if check:
         lines += ["", f"Lossless check: {check['identical']} of {check['prompts']} greedy answers identical with and "
@@ -130,7 +131,8 @@ def speculation_lines(spec: dict | None) -> list[str]:
     return lines
 
 
-def _num(value, spec: str = ".1f") -> str:
+def num(value, spec: str = ".1f") -> str:
+    """``value`` as ``spec`` formats it; "-" when there is none."""
     return "-" if value is None else format(value, spec)
 
 

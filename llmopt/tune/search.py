@@ -212,6 +212,11 @@ class Search:
                 "seconds": round(time.monotonic() - self.started, 1)}
 
 
+def judges_goodput(slo) -> bool:
+    """The objective is goodput when ``[serve].slo`` has a bound, else output tokens per second."""
+    return any(v is not None for v in slo.model_dump().values())
+
+
 def gain(trials: list[dict], default: dict, best: dict) -> float | None:
     scores = {key_of(default): [], key_of(best): []}
     for trial in trials:

@@ -420,14 +420,19 @@ def _number(text: str) -> Any:
     return text
 
 
-def check_overrides(engine: str, overrides: dict[str, list]) -> str | None:
-    """What is wrong with ``[tune] space`` for ``engine``, or None."""
-    names = [p.name for p in space(engine)]
+def check_overrides(engines: list[str], overrides: dict[str, list]) -> str | None:
+    """What is wrong with ``[tune] space`` for ``engines`` (a parameter must be one of them's, and is searched on
+    each that has it), or None."""
+    names = list(dict.fromkeys(p.name for engine in engines for p in space(engine)))
     unknown = [k for k in overrides if k not in names]
-    if unknown:
-        return (f"[tune] space names {', '.join(unknown)}, which {engine} is not tuned on (its parameters: "
-                f"{', '.join(names) or 'none'})")
-    return None
+    if not unknown:
+        return None
+    if len(engines) == 1:
+        who, whose = f"{engines[0]} is not", "its"
+    else:
+        who = f"neither {engines[0]} nor {engines[1]} is" if len(engines) == 2 else f"none of {', '.join(engines)} is"
+        whose = "their"
+    return f"[tune] space names {', '.join(unknown)}, which {who} tuned on ({whose} parameters: {', '.join(names) or 'none'})"
 
 
 def require_space(engine: str) -> tuple[Param, ...]:

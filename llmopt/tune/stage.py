@@ -43,13 +43,19 @@ class TuneStageOptions(ServedLoad):
     lossless_prompts: int = Field(16, ge=0, description="[tune] lossless_prompts.")
 
 
-def tune_options(recipe) -> TuneStageOptions:
+def tune_options(recipe, engine: str | None = None) -> TuneStageOptions:
+    """The tune stage of ``engine`` (default: [serve] backend's only one), searching the [tune] space's parameters
+    that engine has."""
+    from llmopt.tune import spaces
+
     serve, bench, tune = recipe.serve, recipe.bench, recipe.tune
-    return TuneStageOptions(engine=serve.backend, workload=serve.workload, slo=serve.slo,
+    engine = engine or serve.backend
+    names = {p.name for p in spaces.space(engine)}
+    return TuneStageOptions(engine=engine, workload=serve.workload, slo=serve.slo,
                             requests=tune.requests or bench.requests, warmup=bench.warmup,
                             max_trials=tune.max_trials, max_minutes=tune.max_minutes, repeats=tune.repeats,
-                            space=tune.space, startup_timeout_s=tune.startup_timeout_s,
-                            lossless_prompts=tune.lossless_prompts)
+                            space={k: v for k, v in tune.space.items() if k in names},
+                            startup_timeout_s=tune.startup_timeout_s, lossless_prompts=tune.lossless_prompts)
 
 
 def engine_available(engine: str) -> bool:
@@ -59,8 +65,8 @@ def engine_available(engine: str) -> bool:
 
 
 def plan_problems(loaded) -> list[Problem]:
-    """No [serve] section (an error), a [tune] space naming parameters the engine does not have (an error), or
-    an engine that is not installed here (a warning: the prediction stays)."""
+    """No [serve] section (an error), a [tune] space naming parameters no engine of [serve] backend has (an error),
+    or an engine that is not installed here (a warning: its prediction stays, and it is not measured)."""
     from llmopt.tune import spaces
 
     recipe, where = loaded.recipe, loaded.where("tune", "enabled")
@@ -68,8 +74,8 @@ def plan_problems(loaded) -> list[Problem]:
         return [Problem("[tune] enabled = true, but the recipe has no [serve] section: there is no launch config "
                         "to tune", where, "add a [serve] section (backend, workload, slo), or set [tune] enabled = "
                         "false")]
-    name = recipe.serve.backend
-    wrong = spaces.check_overrides(name, recipe.tune.space)
+    engines = recipe.serve.engines
+    wrong = spaces.check_overrides(engines, recipe.tune.space)
     if wrong:
         return [Problem(wrong, loaded.where("tune", "space"), "name only the engine's parameters (docs/tune.md)")]
     if spaces.SPECULATIVE in recipe.tune.space and recipe.serve.speculative is None:
@@ -77,15 +83,17 @@ def plan_problems(loaded) -> list[Problem]:
                         loaded.where("tune", "space"), "add [serve.speculative] (method, num_tokens), or leave "
                         f"{spaces.SPECULATIVE} out of the space")]
     found = []
-    if recipe.serve.speculative is not None and spaces.SPECULATIVE not in [p.name for p in spaces.space(name)]:
-        found.append(Problem(f"[tune] does not search {name}'s speculative decoding: [serve.speculative] stays as the "
-                             "recipe says, neither measured against no speculation nor checked for lossless answers",
-                             loaded.where("serve", "speculative"), "measure it with llmopt bench (acceptance per "
-                             "load point), or serve with vllm, sglang or trtllm to tune it", severity="warning"))
-    if not engine_available(name):
-        found.append(Problem(f"[tune] cannot start {name} on this machine (not installed): the launch config stays "
-                             "the prediction, and tuning.json says so", where,
-                             f"run where {name} is installed, or `llmopt tune ARTIFACT` there", severity="warning"))
+    for name in engines:
+        if recipe.serve.speculative is not None and spaces.SPECULATIVE not in [p.name for p in spaces.space(name)]:
+            found.append(Problem(f"[tune] does not search {name}'s speculative decoding: [serve.speculative] stays as "
+                                 "the recipe says, neither measured against no speculation nor checked for lossless "
+                                 "answers", loaded.where("serve", "speculative"), "measure it with llmopt bench "
+                                 "(acceptance per load point), or serve with vllm, sglang or trtllm to tune it",
+                                 severity="warning"))
+        if not engine_available(name):
+            found.append(Problem(f"[tune] cannot start {name} on this machine (not installed): the launch config "
+                                 "stays the prediction, and tuning.json says so", where,
+                                 f"run where {name} is installed, or `llmopt tune ARTIFACT` there", severity="warning"))
     return found
 
 
@@ -117,7 +125,7 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
     """The search for ``deploy_dir``'s engine, then tuning.json, the winner's ``deploy/`` and the plot in
     ``out_dir``; returns tuning.json's content. ``draft_dir``: the draft the launch config names ([[draft]])."""
     from llmopt.tune import report, spaces
-    from llmopt.tune.search import Budget, Search, TrialStore
+    from llmopt.tune.search import Budget, Search, TrialStore, judges_goodput
 
     spaces.require_space(options.engine)
     if not engine_available(options.engine):
@@ -128,8 +136,8 @@ def tune(options: TuneStageOptions, model_dir: Path, deploy_dir: Path, manifest:
     store = TrialStore(store_root)
     measure = measurer(options, model_dir, deploy_dir, manifest, cache_root, store.root, say, draft_dir)
     budget = Budget(options.max_trials, options.max_minutes, options.repeats)
-    search = Search(grid, measure, store, budget, goodput=any(v is not None for v in options.slo.model_dump().values()),
-                    say=say, follow=spaces.follow(options.engine, grid), earn={spaces.SPECULATIVE: 0})
+    search = Search(grid, measure, store, budget, goodput=judges_goodput(options.slo), say=say,
+                    follow=spaces.follow(options.engine, grid), earn={spaces.SPECULATIVE: 0})
     result = search.execute() | {"tuned": True, "engine": options.engine, "store": str(store.root)}
     if not any(t["verdict"] != "failed" for t in result["trials"]):
         result |= {"tuned": False, "reason": "no trial's server started: the launch config stays the prediction"}
@@ -167,9 +175,10 @@ class TuneStage(StageKind):
         from llmopt.tune import report
 
         options = options.model_copy(update={"workload": located(options.workload, ctx)})
+        recipe = ctx.recipe.for_engine(options.engine).recipe  # one of several engines: the recipe as its own
 
         model = ctx.input_manifests["model"]
-        manifest = {"recipe": {"name": ctx.recipe.recipe.name, "resolved": ctx.recipe.recipe.model_dump(mode="json")},
+        manifest = {"recipe": {"name": recipe.name, "resolved": recipe.model_dump(mode="json")},
                     "stages": [{"name": model.get("stage"), "outputs": model.get("outputs") or {}}]}
         store = Path(ctx.cache_root) / "tune" / ctx.out_dir.name.split(".")[0]
         draft = ctx.input_model_dir("draft") if "draft" in ctx.inputs else None
