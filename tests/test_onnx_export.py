@@ -304,3 +304,26 @@ def test_plan_estimates_what_the_builder_writes(tmp_path, tiny_model, body):
     est = api.plan(recipe, cache_dir=tmp_path / "cache").estimates
     assert est["weight_bytes_after"] == BUILDER_BYTES[body]
     assert est["model_size"]["format"] == "onnx" and "model.onnx" in est["model_size"]["files"]
+
+
+def test_onnx_choices_that_share_a_context_score_as_each_sequence_whole(w4a16_run):
+    """On ONNX Runtime the choices of a question are scored from one pass over each choice of more than one token
+    (context + choice), a choice of one token from the context's last position of any of them, or of the context
+    alone when every choice is one token: each a prefill, as ``nll`` scores each sequence whole, so the
+    log-likelihoods are the same, from fewer passes."""
+    from test_eval_backends import choice_groups
+
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    ort = OnnxRuntime(w4a16_run.artifact / "model")
+    groups = choice_groups(ort)
+    groups.append((groups[0][0], [choice[:1] for choice in groups[0][1]]))  # every choice a single token
+    passes, logits = [], ort.logits
+    ort.logits = lambda ids: passes.append(len(ids)) or logits(ids)
+    shared = ort.continuation_nll(groups)
+    ort.logits = logits
+    whole = ort.nll([context + choice for context, choices in groups for choice in choices],
+                    [len(choice) for _, choices in groups for choice in choices])
+    assert [x for row in shared for x in row] == pytest.approx(whole, abs=1e-4)
+    longer = sum(len(choice) > 1 for _, choices in groups for choice in choices)
+    assert len(passes) == longer + 1 < sum(len(choices) for _, choices in groups)

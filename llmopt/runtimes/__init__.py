@@ -31,8 +31,8 @@ behind an HTTP endpoint:
 * ``logits(ids) -> numpy.ndarray``: float32 logits [len(ids), vocab] of one
   sequence at every position (``llmopt serve``'s prompt log-probabilities).
 * optionally, ``continuation_nll(groups) -> list[list[float]]``: for (context, continuations)
-  groups, ``nll`` of each context + continuation from one pass over the context (transformers:
-  the multiple-choice eval's choices, in half the time).
+  groups, ``nll`` of each context + continuation from fewer passes over the shared context
+  (transformers, onnxruntime: the multiple-choice eval's choices).
 
 ``RUNTIMES`` maps a runtime name to ``module:Class``; modules are imported only
 when used. ``FORMAT_RUNTIME`` picks the default runtime for a model format.

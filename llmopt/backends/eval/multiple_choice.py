@@ -14,8 +14,10 @@ whose continuation has the highest log-likelihood given the context:
 ``scores.jsonl`` holds one row per example with ``score`` (0/1, of the metric
 chosen by ``metric``), both picks and every choice's log-likelihood.
 Needs: a runtime with ``nll`` (transformers in-process, or an endpoint that
-echoes prompt log-probabilities). In process on transformers, the choices of a question are scored after one
-pass over its context (``continuation_nll``), about half the time of each context + choice whole.
+echoes prompt log-probabilities). In process, a question's choices share passes over its context
+(``continuation_nll``): on transformers the context once, its key/value cache continued by each choice (about
+half the time of each context + choice whole); on ONNX Runtime a choice of one token read from another's pass
+(a third less).
 """
 
 from __future__ import annotations
