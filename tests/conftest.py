@@ -194,7 +194,11 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     test process still waited 54 s for it on a fresh clone, then waited again for the quickstart run).
 
     Under pytest-xdist (``make test``: two workers) tests/test_quickstart.py goes first: the worker that takes it
-    starts the run at once, on one thread, while the other takes the other modules in turn. The docs' measurements
+    starts the run at once, on one thread, while the other takes the other modules in turn. pytest-xdist gives a
+    worker a second unit of work at the start when its first has two tests or fewer, so the first worker's second
+    unit is a docs measurement, which needs the run anyway (a module of other tests waited there 30 minutes, then
+    ran on the longest path). The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
+    so that the other worker makes it in the minutes it would otherwise wait for the quickstart run. The docs' measurements
     and pages (``docs_unit``, one unit of work each) and the records of the shared run go last, to whichever worker
     is free: the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits
     for it. With the run and all its pages on one worker, that worker's half was 38 minutes against the other's 32."""
@@ -210,13 +214,16 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         last = [item for item in quick if item.nodeid.startswith(QUICKSTART_LAST)]
         measured = [item for item in quick if (docs_unit(item.nodeid) or "").startswith("measurement")]
         pages = [item for item in quick if item not in first + last + measured]
-        items[:] = first + rest + engines + late + measured + pages + last
+        gguf = [item for item in rest if uses(item, ("gguf_run",))]
+        rest = [item for item in rest if item not in gguf]
+        items[:] = first + measured[:1] + rest + engines + late + gguf + measured[1:] + pages + last
     else:
         items[:] = rest + engines + quick + late
 
 
 QUICKSTART_FIRST = "tests/test_quickstart.py::"  # under pytest-xdist, the unit that starts the quickstart run
-QUICKSTART_LAST = "tests/test_records.py::test_the_suite_s_runs_of_the_shipped_recipes_hold_their_records"
+QUICKSTART_LAST = "tests/test_records.py::test_the_suite_s_quickstart_run_holds_its_record"
+GGUF_RECORD = "tests/test_records.py::test_the_suite_s_gguf_onnx_cpu_run_holds_its_record"  # a unit of its own
 DOCS_PAGE_TESTS = "tests/test_docs_commands.py::test_documented_command["
 
 
@@ -239,12 +246,12 @@ if importlib.util.find_spec("xdist") is not None:
     class ModulesQuickstartFirst(LoadScopeScheduling):
         """pytest-xdist's scheduling by module (a module's fixtures are made once, on one worker), except that each
         docs page (its commands run in order, in one folder), each docs measurement and QUICKSTART_LAST are units of
-        their own; in the order of collection (``pytest_collection_modifyitems``: the quickstart's module first, the
+        their own (GGUF_RECORD too); in the order of collection (``pytest_collection_modifyitems``: the quickstart's module first, the
         docs last), not largest module first. pytest-xdist's own ``--dist loadgroup`` reads the group from a suffix
         it adds to each test id, which pytest 9 no longer lets it change."""
 
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(QUICKSTART_LAST):
+            if nodeid.startswith((QUICKSTART_LAST, GGUF_RECORD)):
                 return nodeid  # apart from its module's other tests, which go early
             return docs_unit(nodeid) or nodeid.split("::", 1)[0]
 
@@ -302,7 +309,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pytest_sessionfinish(session, exitstatus) -> None:
     shared = _quickstart.pop("proc", None)
     if shared is not None and WORKER and exitstatus != pytest.ExitCode.INTERRUPTED:
-        try:  # what the shared run does after the quickstart may be for a test on another worker
+        try:  # the shared run may be for a test on another worker
             shared.wait(timeout=QUICKSTART_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pass
@@ -489,16 +496,6 @@ class Quickstart:
     cache: Path
     result: subprocess.CompletedProcess
 
-    def wait_background(self) -> None:
-        """Wait for the rest of the shared run: the recipes it runs after the quickstart on the same cache
-        (BACKGROUND_RECIPES), whose stages a command of one of them then finds there. The run may be another test
-        worker's, so this waits for the file it writes at the end (``quickstart_commands``), not for a process."""
-        deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
-        while not (self.root / "background.rc").is_file():
-            if time.monotonic() > deadline:
-                pytest.fail(f"the shared run's BACKGROUND_RECIPES took more than {QUICKSTART_TIMEOUT_S} s")
-            time.sleep(1)
-
     @property
     def recipe(self) -> Path:
         return ROOT / "recipes" / "quickstart.toml"
@@ -509,24 +506,17 @@ class Quickstart:
 
 
 QUIET_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-BACKGROUND_RECIPES = ("gguf-onnx-cpu.toml",)  # run by the shared run after the quickstart, on its cache
 _quickstart: dict = {}  # proc: the shared run, in the worker that started it
 QUICKSTART_TIMEOUT_S = 3000  # within the tests' own limit (pytest-timeout, 3600 s), to say what timed out (921 s
 # alone on two threads; 1,700 s on one thread beside the other test worker, 2026-12-06)
 
 
 def quickstart_commands(root: Path) -> str:
-    """The shell line of the shared run: ``llmopt run recipes/quickstart.toml --format json`` (stdout, stderr
-    and exit code to files in ``root``), then ``llmopt run recipes/gguf-onnx-cpu.toml`` on the same cache, the
-    README's second recipe, whose stages the docs' command of it then finds there (a failure of it leaves them
-    to that command, which fails the same way). run.rc appears, whole, when the quickstart is done: the tests
-    that use its artifact start then, while the second recipe goes on; background.rc appears when it is done
-    (``Quickstart.wait_background``)."""
+    """The shell line of the shared run: ``llmopt run recipes/quickstart.toml --format json``, its stdout, stderr
+    and exit code to files in ``root``; run.rc appears, whole, when it is done."""
     llmopt = f"{shlex.quote(sys.executable)} -m llmopt run"
     quick = f"{llmopt} {shlex.quote(str(ROOT / 'recipes' / 'quickstart.toml'))} -o artifacts/quickstart --format json"
-    gguf = f"{llmopt} {shlex.quote(str(ROOT / 'recipes' / 'gguf-onnx-cpu.toml'))} -o artifacts/gguf-onnx-cpu"
-    return (f"{quick} > run.out 2> run.err; echo $? > run.rc.tmp; mv run.rc.tmp run.rc; {gguf} > gguf.log 2>&1; "
-            "echo $? > background.rc.tmp; mv background.rc.tmp background.rc")
+    return f"{quick} > run.out 2> run.err; echo $? > run.rc.tmp; mv run.rc.tmp run.rc"
 
 
 @pytest.fixture(scope="session")
@@ -537,7 +527,7 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     scores). The run is made once a run (``once_per_run``): in one process, last, in the foreground with every
     core; under ``make test``'s two workers, first, on one thread, by the worker that takes
     tests/test_quickstart.py, beside the other worker's tests, and a worker that asks for it meanwhile waits for
-    it. The recipe it runs next goes on while its tests run (``Quickstart.wait_background``). It once ran in the
+    it. It once ran in the
     background at the lowest priority beside the other tests, where its share of the cores was whatever they left
     idle; a CI run then timed out waiting for it (its AWQ stage was also in bfloat16, 8x slower than float32 on
     that AVX2-only CPU, which the compress stages no longer use on a CPU). Started so again in float32 once the
@@ -557,7 +547,7 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
             ["bash", "-c", quickstart_commands(root)], cwd=root,
             env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")), preexec_fn=os.setpgrp)
         deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
-        while not (root / "run.rc").is_file() and proc.poll() is None:  # the quickstart itself, not what follows it
+        while not (root / "run.rc").is_file() and proc.poll() is None:
             if time.monotonic() > deadline:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -565,7 +555,6 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
             time.sleep(1)
         if not (root / "run.rc").is_file():  # the shell died before it could say
             (root / "run.rc").write_text("-1")
-            (root / "background.rc").write_text("-1")
         print(f"the shared quickstart run: {time.monotonic() - started:.0f} s")
 
     root = once_per_run(tmp_path_factory, "quickstart", build)
@@ -573,6 +562,39 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     result = subprocess.CompletedProcess(["llmopt", "run", "recipes/quickstart.toml"], int(rc or -1),
                                          (root / "run.out").read_text(), (root / "run.err").read_text())
     return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result)
+
+
+GGUF_RECIPE = "gguf-onnx-cpu.toml"  # the README's second recipe, run once a run (``gguf_run``)
+
+
+@dataclass
+class SharedRun:
+    """A shipped recipe's ``llmopt run``, once a run: its folder, artifact, stage cache and exit code."""
+    root: Path
+    artifact: Path
+    cache: Path
+    returncode: int
+
+
+@pytest.fixture(scope="session")
+def gguf_run(request, tmp_path_factory) -> SharedRun:
+    """ONE real ``llmopt run recipes/gguf-onnx-cpu.toml`` (five minutes on one thread), on a cache of hard links to
+    ``demo_seed`` (its float32 conversion): for the docs' command of it, which finds its stages there, and its
+    record. Made once a run (``once_per_run``); under ``make test``, by the worker that does not make the quickstart
+    run, in the minutes it has to spare before that run ends (``pytest_collection_modifyitems``). It followed the
+    quickstart in the same process until 2026-12-06, on the longest path, beside the docs pages that wait for it."""
+    seed = request.getfixturevalue("demo_seed")
+
+    def build(root: Path) -> None:
+        link_tree(seed, root / "cache")
+        done = subprocess.run([sys.executable, "-m", "llmopt", "run", str(ROOT / "recipes" / GGUF_RECIPE), "-o",
+                               "artifacts/gguf-onnx-cpu"], cwd=root, capture_output=True, text=True,
+                              env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")))
+        (root / "run.log").write_text(done.stdout + done.stderr)
+        (root / "run.rc").write_text(str(done.returncode))
+
+    root = once_per_run(tmp_path_factory, "gguf-onnx-cpu", build)
+    return SharedRun(root, root / "artifacts" / "gguf-onnx-cpu", root / "cache", int((root / "run.rc").read_text()))
 
 
 def onnx_to_checkpoint_perplexity(checkpoint: Path, onnx_folder: Path) -> float:

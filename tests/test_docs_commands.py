@@ -49,11 +49,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BACKGROUND_RECIPES, ROOT, link_tree, module_folder, shared_folder
+from conftest import GGUF_RECIPE, ROOT, link_tree, module_folder, shared_folder
 
-# README.md last: its second recipe (gguf-onnx-cpu.toml) is still running in the background, on the shared run's
-# cache, while the other pages run (tests/conftest.py, Quickstart.wait_background). Under pytest-xdist each page is
-# a unit of work, and so is each measurement every page could run (tests/conftest.py, docs_unit), which go first.
+# README.md last: its second recipe (gguf-onnx-cpu.toml) runs on the cache of the suite's one run of it (tests/conftest.py,
+# gguf_run), which it waits for. Under pytest-xdist each page is a unit of work, and so is each measurement every page
+# could run (tests/conftest.py, docs_unit), which go first.
 DOCS = [*(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))), "README.md"]
 SHELLS = {"sh", "bash", "shell"}
 LLMOPT = {"llmopt", ".venv/bin/llmopt"}
@@ -382,8 +382,9 @@ class SharedOutcomes:
 class Page:
     """The commands of one doc page, run in order in a folder laid out as a checkout after `make demo`."""
 
-    def __init__(self, doc: str, folder: Path, quickstart, shared: SharedOutcomes):
+    def __init__(self, doc: str, folder: Path, quickstart, shared: SharedOutcomes, gguf_run):
         self.doc, self.folder, self.quickstart, self.shared = doc, folder, quickstart, shared
+        self.gguf_run = gguf_run  # () -> the suite's run of GGUF_RECIPE (tests/conftest.py), made or waited for
         self.commands = [c for c in RUN if c.doc == doc]
         self.done: set[DocCommand] = set()
         self.server: tuple[subprocess.Popen, int] | None = None  # `llmopt serve artifacts/quickstart` for URLs
@@ -423,9 +424,10 @@ class Page:
         ran = SERVED.sub(lambda m: f"{m.group(1)}:{self.served_port()}", command.text)
         if command.is_serve:
             return self.serve(ran)
-        if any(recipe in command.text for recipe in BACKGROUND_RECIPES):  # its stages: the shared run's, once done
-            self.quickstart.wait_background()
-        done = subprocess.run(["bash", "-c", ran], cwd=self.folder, env=self.env, capture_output=True, text=True,
+        env = self.env
+        if GGUF_RECIPE in command.text:  # its stages: the suite's run of it
+            env = dict(env, LLMOPT_CACHE=str(self.gguf_run().cache))
+        done = subprocess.run(["bash", "-c", ran], cwd=self.folder, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S)
         outcome = Outcome(ran, done.returncode, done.stdout, done.stderr)
         if command.words[0] == "curl":
@@ -476,7 +478,8 @@ def pages(request, quickstart, tmp_path_factory):
 
         def page(doc: str) -> Page:
             if doc not in made:
-                made[doc] = Page(doc, root / doc.replace("/", "-").removesuffix(".md"), quickstart, shared)
+                made[doc] = Page(doc, root / doc.replace("/", "-").removesuffix(".md"), quickstart, shared,
+                                 lambda: request.getfixturevalue("gguf_run"))
             return made[doc]
 
         yield page
