@@ -195,9 +195,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
     Under pytest-xdist (``make test``: two workers) tests/test_quickstart.py goes first: the worker that takes it
     starts the run at once, on one thread, while the other takes the other modules in turn. pytest-xdist gives a
-    worker a second unit of work at the start when its first has two tests or fewer, so the first worker's second
-    unit is a docs measurement, which needs the run anyway (a module of other tests waited there 30 minutes, then
-    ran on the longest path). The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
+    worker a second unit of work at the start when its first has two tests or fewer: the first unit goes to one
+    worker, the second to the other, and the third, to the first worker behind the quickstart, is a docs
+    measurement, which needs the run anyway (a module of other tests waited there 30 minutes, then ran on the
+    longest path). The second unit must be a module of several tests, not a measurement, else both workers wait. The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
     so that the other worker makes it in the minutes it would otherwise wait for the quickstart run. The docs' measurements
     and pages (``docs_unit``, one unit of work each) and the records of the shared run go last, to whichever worker
     is free: the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits
@@ -216,7 +217,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         pages = [item for item in quick if item not in first + last + measured]
         gguf = [item for item in rest if uses(item, ("gguf_run",))]
         rest = [item for item in rest if item not in gguf]
-        items[:] = first + measured[:1] + rest + engines + late + gguf + measured[1:] + pages + last
+        # pytest-xdist deals the first unit to one worker and the second to the other, then tops up each worker
+        # whose units hold two tests or fewer: the quickstart worker's top-up is the third unit, a measurement
+        items[:] = first + rest[:1] + measured[:1] + rest[1:] + engines + late + gguf + measured[1:] + pages + last
     else:
         items[:] = rest + engines + quick + late
 
