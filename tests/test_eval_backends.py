@@ -205,3 +205,20 @@ def test_the_multiple_choice_eval_scores_choices_after_their_shared_context(tiny
              for item in items for j in range(len(item["choices"]))]
     whole = nll(model, [ids for ids, _ in pairs], [n for _, n in pairs])
     assert [x for row in rows for x in row["loglik"]] == pytest.approx([-x for x in whole], abs=2e-4)
+
+
+def test_a_cache_that_cannot_be_copied_per_row_scores_the_longer_choices_whole(tiny_model, monkeypatch):
+    """A model whose key/value cache has no ``batch_select_indices`` (some hybrid caches) gets its choices of
+    more than one token scored as whole sequences: the same log-likelihoods."""
+    import transformers
+
+    from llmopt.runtimes.hf import TransformersRuntime
+
+    model = TransformersRuntime(tiny_model)
+    groups = choice_groups(model)
+    whole = model.nll([context + choice for context, choices in groups for choice in choices],
+                      [len(choice) for _, choices in groups for choice in choices])
+    owner = next(c for c in transformers.DynamicCache.__mro__ if "batch_select_indices" in vars(c))
+    monkeypatch.delattr(owner, "batch_select_indices")
+    shared = model.continuation_nll(groups)
+    assert [x for row in shared for x in row] == pytest.approx(whole, abs=1e-4)

@@ -78,8 +78,13 @@ class TransformersRuntime:
                   if len(tokens) > 1]
         if not longer:
             return result
-        rows = torch.tensor([g for g, _ in longer])
         cache = out.past_key_values
+        if not hasattr(cache, "batch_select_indices"):  # a cache that cannot be copied per row: each sequence whole
+            whole = self.nll([groups[g][0] + groups[g][1][k] for g, k in longer], [len(groups[g][1][k]) for g, k in longer])
+            for (g, k), nll in zip(longer, whole):
+                result[g][k] = nll
+            return result
+        rows = torch.tensor([g for g, _ in longer])
         cache.batch_select_indices(rows.to(self.device))  # a context's cache once for each of its continuations
         fed = [groups[g][1][k][:-1] for g, k in longer]  # the last token is only predicted
         tail, tail_mask = self._padded(fed)
