@@ -32,19 +32,12 @@ class Whole:
 
 
 def requests_of(model) -> list[tuple]:
-    """The eval's requests for builtin:mc: (question, choice, token ids, continuation tokens, characters)."""
+    """The eval's requests for builtin:mc, as it builds them with its default options."""
     from llmopt import data
-    from llmopt.backends.eval.multiple_choice import MultipleChoiceOptions, choice_text, context_of, split_pair
+    from llmopt.backends.eval.multiple_choice import MultipleChoiceOptions, build_requests
 
-    options, items = MultipleChoiceOptions(), data.load_records("builtin:mc")
-    out = []
-    for i, item in enumerate(items):
-        context = context_of(options, item, items)
-        for j in range(len(item["choices"])):
-            continuation = choice_text(options.continuation, item, j)
-            ids, n = split_pair(model, context, continuation)
-            out.append((i, j, ids, n, len(continuation.strip()) or 1))
-    return out
+    items = data.load_records("builtin:mc")
+    return build_requests(model, MultipleChoiceOptions(), items, items)
 
 
 def main() -> None:

@@ -123,15 +123,7 @@ class MultipleChoice(EvalBackend):
         pool, items = items, items[: options.limit] if options.limit else items
         model = evalkit.open_model(ctx, options)
         tokenizer = evalkit.tokenizer_of(model, ctx.model_dir) if options.chat_template else None
-        requests = []  # (item index, choice index, token ids, continuation tokens, continuation characters)
-        for i, item in enumerate(items):
-            context = context_of(options, item, pool)
-            if tokenizer is not None:
-                context = evalkit.chat_text(tokenizer, context)
-            for j in range(len(item["choices"])):
-                continuation = choice_text(options.continuation, item, j)
-                ids, n = split_pair(model, context, continuation, tokenizer, options.bos)
-                requests.append((i, j, ids, n, len(continuation.strip()) or 1))
+        requests = build_requests(model, options, items, pool, tokenizer)
         loglik = score_requests(model, requests, options.batch_size, ctx.progress)
         chars = {(r[0], r[1]): r[4] for r in requests}
         rows = []
@@ -151,6 +143,22 @@ class MultipleChoice(EvalBackend):
             "runtime": model.name,
             "scores": "scores.jsonl",
         }
+
+
+def build_requests(model, options: MultipleChoiceOptions, items: list[dict], pool: list[dict],
+                   chat_tokenizer=None) -> list[tuple]:
+    """One request per choice of each item: (item index, choice index, token ids, continuation tokens,
+    continuation characters); ``pool``: the examples few-shot ones are drawn from."""
+    requests = []
+    for i, item in enumerate(items):
+        context = context_of(options, item, pool)
+        if chat_tokenizer is not None:
+            context = evalkit.chat_text(chat_tokenizer, context)
+        for j in range(len(item["choices"])):
+            continuation = choice_text(options.continuation, item, j)
+            ids, n = split_pair(model, context, continuation, chat_tokenizer, options.bos)
+            requests.append((i, j, ids, n, len(continuation.strip()) or 1))
+    return requests
 
 
 def score_requests(model, requests: list[tuple], batch_size: int, progress) -> dict[tuple[int, int], float]:
