@@ -109,7 +109,9 @@
 # per workload for the lossless check; spec/ comes back in vllm-h200.tgz. The model `draft` in GV_SPEC_MODELS is
 # recipes/draft-vllm.toml (BF16, with the draft its [[draft]] stages make, carried in the artifact's draft/ and
 # named in its launch config) drafting each of GV_SPEC_DRAFT ("3") tokens; its baseline is bf16-off, so list bf16
-# first: GV_SPEC_MODELS="bf16 draft".
+# first: GV_SPEC_MODELS="bf16 draft". `draft-fp8` is the same recipe with the FP8 model (fp8's compression step) as
+# the target, the draft made from the source as before; its baseline is fp8-off (GV_SPEC_MODELS="bf16 fp8 draft
+# draft-fp8" with GV_SPEC_NGRAM=4 is the BF16 and FP8 table: off, ngram 4 and the draft, each).
 #
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_C_<variant> and GV_N_<variant> (one variant's own points and requests, "-" as
@@ -145,6 +147,7 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
 -s eval=[] -s serve.max_num_seqs=${GV_ORT_BATCH:-32}" ;;
     modelopt) echo "recipes/modelopt-fp8-trtllm.toml -s serve.backend=vllm" ;;
     draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
+    draft-fp8) echo "recipes/draft-vllm.toml -s compress=[{method=\"fp8\"}]" ;;  # FP8 (fp8's step) with the same draft
     choose) echo "benchmarks/choose-vllm-sglang.toml" ;;  # vLLM or SGLang, chosen by measurement (header)
     sg-*) local base; base=$(recipe_of "${1#sg-}") || return 1  # the same recipe served by SGLang (header)
       echo "$base -s serve.backend=sglang" ;;
@@ -192,11 +195,13 @@ spec_step() {  # the variant `spec` (header): speculative decoding on text workl
   for m in ${GV_SPEC_MODELS:-fp8 bf16}; do
     read -r -a base <<< "$(recipe_of "$m")"
     if [ -z "$first" ]; then first=$m; ks="off $ngram"; else ks="off ${ngram%% *}"; fi
-    [ "$m" = draft ] && ks=${GV_SPEC_DRAFT:-3}  # the recipe's own draft, drafting k tokens; its "off" is bf16-off
+    case $m in draft*) ks=${GV_SPEC_DRAFT:-3} ;; esac  # the recipe's own draft, drafting k tokens; its "off" is bf16-off
     for k in $ks; do
       local over=(-s eval=[]) name
       # the draft recipe serves the bf16 model: named bf16-draftK, its answers are checked against bf16-off's
+      # (draft-fp8: the FP8 model, fp8-draftK against fp8-off's)
       if [ "$m" = draft ]; then over+=(-s serve.speculative.num_tokens="$k"); name=bf16-draft$k
+      elif [ "$m" = draft-fp8 ]; then over+=(-s serve.speculative.num_tokens="$k"); name=fp8-draft$k
       else
         [ "$k" != off ] && over+=(-s serve.speculative.method=ngram -s serve.speculative.num_tokens="$k")
         name="$m-$( [ "$k" = off ] && echo off || echo "ngram$k")"
@@ -208,7 +213,8 @@ spec_step() {  # the variant `spec` (header): speculative decoding on text workl
       say "spec: $name run exit $? in $(( $(date +%s) - t )) s"
       cp "$W/art/spec-$name/deploy/vllm/launch.sh" "$W/runs/spec-$name.launch.sh" 2>/dev/null
       cp "$W/art/spec-$name/reports/report.json" "$W/runs/spec-$name.report.json" 2>/dev/null
-      targets+=("$name=$W/art/spec-$name")
+      if [ -e "$W/art/spec-$name/deploy/vllm/launch.sh" ]; then targets+=("$name=$W/art/spec-$name")
+      else say "spec: $name has no launch config, not measured"; fi
     done
   done
   t=$(date +%s)
