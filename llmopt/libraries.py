@@ -10,6 +10,8 @@ import contextlib
 import functools
 import gc
 import importlib
+import os
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from llmopt.errors import MissingDependency, MissingExtra
@@ -129,9 +131,17 @@ def versions(dists: tuple[str, ...] | list[str]) -> dict[str, str | None]:
     return {d: package_version(d) for d in dists}
 
 
+# Device nodes a GPU that torch can use shows on Linux: NVIDIA's (CUDA), AMD's (ROCm), WSL2's GPU paravirtualization.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
 def pick_device(requested: str = "auto") -> str:
+    """``requested``, or for "auto" cuda where torch sees a GPU, else cpu. On Linux without a GPU device node the
+    answer is cpu without importing torch, which costs seconds in every run, bench and serve that loads no model."""
     if requested != "auto":
         return requested
+    if sys.platform.startswith("linux") and not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
+        return "cpu"
     try:
         with collector_paused():
             import torch

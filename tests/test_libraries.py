@@ -106,3 +106,21 @@ def test_the_gpu_build_of_onnxruntime_stands_for_the_library(monkeypatch):
         assert libraries.package_version("onnxruntime") == "1.31.1"
     finally:
         libraries.package_version.cache_clear()
+
+
+def test_a_machine_without_gpu_devices_picks_the_cpu_without_importing_torch(tmp_path):
+    """``pick_device("auto")`` on a Linux machine with no GPU device node: the CPU, and torch (seconds of import in
+    every `llmopt run`, `bench` and `serve` that needs no model) not imported to say so."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from llmopt import libraries; libraries.GPU_DEVICE_NODES = (sys.argv[1],); "
+            "print(libraries.pick_device('auto'), 'torch' in sys.modules)")
+    absent = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nvidiactl")], capture_output=True,
+                            text=True, check=True)
+    assert absent.stdout.split() == ["cpu", "False"]
+    (tmp_path / "nvidiactl").touch()  # a device node: torch decides, as before
+    present = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nvidiactl")], capture_output=True,
+                             text=True, check=True)
+    device, imported = present.stdout.split()
+    assert imported == "True" and device in ("cpu", "cuda")
