@@ -198,7 +198,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     worker a second unit of work at the start when its first has two tests or fewer: the first unit goes to one
     worker, the second to the other, and the third, to the first worker behind the quickstart, is a docs
     measurement, which needs the run anyway (a module of other tests waited there 30 minutes, then ran on the
-    longest path). The second unit must be a module of several tests, not a measurement, else both workers wait. The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
+    longest path). The second unit, the other worker's first, is tests/test_quickstart_baselines.py, which scores
+    the run's baselines into its cache while the run compresses (258 s off the longest path), then a module; never
+    a measurement, else both workers wait. The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
     so that the other worker makes it in the minutes it would otherwise wait for the quickstart run. The docs' measurements
     and pages (``docs_unit``, one unit of work each) and the records of the shared run go last, to whichever worker
     is free: the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits
@@ -216,15 +218,20 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         measured = [item for item in quick if (docs_unit(item.nodeid) or "").startswith("measurement")]
         pages = [item for item in quick if item not in first + last + measured]
         gguf = [item for item in rest if uses(item, ("gguf_run",))]
-        rest = [item for item in rest if item not in gguf]
+        baselines = [item for item in rest if item.nodeid.startswith(QUICKSTART_BASELINES)]
+        rest = [item for item in rest if item not in gguf + baselines]
         # pytest-xdist deals the first unit to one worker and the second to the other, then tops up each worker
-        # whose units hold two tests or fewer: the quickstart worker's top-up is the third unit, a measurement
-        items[:] = first + rest[:1] + measured[:1] + rest[1:] + engines + late + gguf + measured[1:] + pages + last
+        # whose units hold two tests or fewer: the quickstart worker's top-up is the third unit, a measurement;
+        # the other worker's first is the quickstart's baselines (when collected), then the other modules
+        second = baselines or rest[:1]
+        rest = rest if baselines else rest[1:]
+        items[:] = first + second + measured[:1] + rest + engines + late + gguf + measured[1:] + pages + last
     else:
         items[:] = rest + engines + quick + late
 
 
 QUICKSTART_FIRST = "tests/test_quickstart.py::"  # under pytest-xdist, the unit that starts the quickstart run
+QUICKSTART_BASELINES = "tests/test_quickstart_baselines.py::"  # the run's baselines, scored by the other worker
 QUICKSTART_LAST = "tests/test_records.py::test_the_suite_s_quickstart_run_holds_its_record"
 GGUF_RECORD = "tests/test_records.py::test_the_suite_s_gguf_onnx_cpu_run_holds_its_record"  # a unit of its own
 DOCS_PAGE_TESTS = "tests/test_docs_commands.py::test_documented_command["
@@ -540,15 +547,13 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
 
     LLMOPT_TEST_QUICKSTART_CACHE=<folder> starts it from a cache that already holds the quickstart's stages (a
     developer's own) instead: the run is still run, and then takes seconds. CI leaves it unset."""
-    seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
-    cache_seed = Path(seed) if seed else request.getfixturevalue("demo_seed")
+    cache = request.getfixturevalue("quickstart_cache")
 
     def build(root: Path) -> None:
-        link_tree(cache_seed, root / "cache")
         started = time.monotonic()
         proc = _quickstart["proc"] = subprocess.Popen(
             ["bash", "-c", quickstart_commands(root)], cwd=root,
-            env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(root / "cache")), preexec_fn=os.setpgrp)
+            env=dict(os.environ, **QUIET_HUB, LLMOPT_CACHE=str(cache)), preexec_fn=os.setpgrp)
         deadline = time.monotonic() + QUICKSTART_TIMEOUT_S
         while not (root / "run.rc").is_file() and proc.poll() is None:
             if time.monotonic() > deadline:
@@ -564,7 +569,18 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     rc = (root / "run.rc").read_text().strip()
     result = subprocess.CompletedProcess(["llmopt", "run", "recipes/quickstart.toml"], int(rc or -1),
                                          (root / "run.out").read_text(), (root / "run.err").read_text())
-    return Quickstart(root, root / "artifacts" / "quickstart", root / "cache", result)
+    return Quickstart(root, root / "artifacts" / "quickstart", cache, result)
+
+
+@pytest.fixture(scope="session")
+def quickstart_cache(request, tmp_path_factory) -> Path:
+    """The stage cache of the shared quickstart run (``quickstart``): hard links to ``demo_seed`` (or to
+    LLMOPT_TEST_QUICKSTART_CACHE), made once a run. tests/test_quickstart_baselines.py scores the run's baselines
+    into it from the other worker while the run compresses, and the run finds them there: under ``make test``
+    they were 258 s of its 1,650 on the longest path (a fresh clone, 2026-12-06)."""
+    seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
+    cache_seed = Path(seed) if seed else request.getfixturevalue("demo_seed")
+    return once_per_run(tmp_path_factory, "quickstart-cache", lambda folder: link_tree(cache_seed, folder / "cache")) / "cache"
 
 
 GGUF_RECIPE = "gguf-onnx-cpu.toml"  # the README's second recipe, run once a run (``gguf_run``)

@@ -70,10 +70,17 @@ def test_neither_worker_starts_with_a_test_that_waits_for_the_quickstart_run_bef
              item("tests/test_records.py::test_each"), item(conftest.GGUF_RECORD, "gguf_run"),
              item(conftest.QUICKSTART_LAST, "quickstart")]
     monkeypatch.setattr(conftest, "WORKER", "gw0")
+    baselines = item("tests/test_quickstart_baselines.py::test_scored", "quickstart_cache")
+    items.insert(7, baselines)
     conftest.pytest_collection_modifyitems(None, None, items)
     quickstart_worker, other = dealt_at_the_start(items)
     assert quickstart_worker == ["tests/test_quickstart.py", "measurement 36a24862"]
-    assert other == ["tests/test_bench_dataset.py"]
+    # the run's baselines beside its compression, then the modules
+    assert other == ["tests/test_quickstart_baselines.py", "tests/test_bench_dataset.py"]
+    without = [i for i in items if i is not baselines]
+    conftest.pytest_collection_modifyitems(None, None, without)
+    assert dealt_at_the_start(without) == (["tests/test_quickstart.py", "measurement 36a24862"],
+                                           ["tests/test_bench_dataset.py"])
     order = [i.nodeid for i in items]
     assert order.index(conftest.GGUF_RECORD) > order.index("tests/test_records.py::test_each")
     assert order.index(conftest.GGUF_RECORD) < order.index(f"{docs}[docs/cli.md:296-shared-eedb8e5e]")
