@@ -170,19 +170,22 @@ def test_choices_scored_after_one_pass_over_their_context_score_as_each_sequence
 
     model = TransformersRuntime(tiny_model)
     groups = choice_groups(model)
-    fed = []
+    fed, heads = [], []
     hook = model.model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape),
                                                  with_kwargs=True)
+    head = model.model.register_forward_hook(lambda module, args, out: heads.append(out.logits.shape[1]))
     try:
         shared = model.continuation_nll(groups)
     finally:
         hook.remove()
+        head.remove()
     whole = model.nll([context + choice for context, choices in groups for choice in choices],
                       [len(choice) for _, choices in groups for choice in choices])
     assert [x for row in shared for x in row] == pytest.approx(whole, abs=1e-4)
     contexts = max(len(context) for context, _ in groups)
     longer = [choice for _, choices in groups for choice in choices if len(choice) > 1]
     assert fed == [(2, contexts), (len(longer), max(len(c) for c in longer) - 1)]
+    assert heads[0] == len({len(context) for context, _ in groups})  # the head at each context's last position only
 
 
 def test_the_multiple_choice_eval_scores_choices_after_their_shared_context(tiny_model, tmp_path, monkeypatch):
