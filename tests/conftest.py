@@ -198,9 +198,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     worker a second unit of work at the start when its first has two tests or fewer: the first unit goes to one
     worker, the second to the other, and the third, to the first worker behind the quickstart, is a docs
     measurement, which needs the run anyway (a module of other tests waited there 30 minutes, then ran on the
-    longest path). The second unit, the other worker's first, is tests/test_quickstart_baselines.py, which scores
-    the run's baselines into its cache while the run compresses (258 s off the longest path), then a module; never
-    a measurement, else both workers wait. The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
+    longest path). The second unit must be a module of several tests, not a measurement, else both workers wait.
+    tests/test_quickstart_baselines.py, which scores the run's baselines into its cache while the run compresses
+    (258 s off the longest path), goes to the other worker after the bench modules: first, it waited 83 s for the
+    demo seed the quickstart worker was making. The tests of the shared gguf-onnx-cpu run (``gguf_run``) go after the other modules,
     so that the other worker makes it in the minutes it would otherwise wait for the quickstart run. The docs' measurements
     and pages (``docs_unit``, one unit of work each) and the records of the shared run go last, to whichever worker
     is free: the run is made once a run (``once_per_run``), and a worker that asks for it before it is done waits
@@ -221,11 +222,12 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         baselines = [item for item in rest if item.nodeid.startswith(QUICKSTART_BASELINES)]
         rest = [item for item in rest if item not in gguf + baselines]
         # pytest-xdist deals the first unit to one worker and the second to the other, then tops up each worker
-        # whose units hold two tests or fewer: the quickstart worker's top-up is the third unit, a measurement;
-        # the other worker's first is the quickstart's baselines (when collected), then the other modules
-        second = baselines or rest[:1]
-        rest = rest if baselines else rest[1:]
-        items[:] = first + second + measured[:1] + rest + engines + late + gguf + measured[1:] + pages + last
+        # whose units hold two tests or fewer: the quickstart worker's top-up is the third unit, a measurement.
+        # Every later unit goes to the other worker until the run ends: the quickstart's baselines follow the
+        # bench modules, which need no demo model (two minutes, in which the quickstart worker makes the seed)
+        bench = next((i for i, item in enumerate(rest) if not item.nodeid.startswith("tests/test_bench")), len(rest))
+        rest = rest[:bench] + baselines + rest[bench:]
+        items[:] = first + rest[:1] + measured[:1] + rest[1:] + engines + late + gguf + measured[1:] + pages + last
     else:
         items[:] = rest + engines + quick + late
 
