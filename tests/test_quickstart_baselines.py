@@ -15,8 +15,8 @@ def test_the_quickstart_s_baselines_scored_by_eval_are_the_run_s(quickstart_cach
     """`llmopt eval recipes/quickstart.toml` (no candidate: the source alone) writes each eval's baseline under the
     key `llmopt run` of the same recipe plans for it, so that a user who scored the baseline first (or a CI job that
     keeps its cache) does not score it again. Made in the shared run's cache (``quickstart_cache``): under
-    ``make test`` this module is the other worker's first unit, beside the run's compression on the first worker,
-    and the run finds the five baselines done (tests/conftest.py, ``pytest_collection_modifyitems``)."""
+    ``make test`` the other worker takes this module early, while the first worker's run compresses, and the run
+    finds the five baselines done (tests/conftest.py, ``pytest_collection_modifyitems``)."""
     recipe = ROOT / "recipes" / "quickstart.toml"
     result = evaluate.evaluate(recipe, cache_dir=quickstart_cache, output=tmp_path / "reports")
     scored = {r.name: r.key for r in result.records if r.name.startswith("eval.")}  # eval.prose, ...

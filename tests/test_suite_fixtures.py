@@ -79,6 +79,5 @@ def test_neither_worker_starts_with_a_test_that_waits_for_the_quickstart_run_bef
     order = [i.nodeid for i in items]  # the run's baselines on the other worker, after the bench modules, early
     assert order.index("tests/test_bench_engine.py::test_a") < order.index(baselines.nodeid) < order.index(
         "tests/test_records.py::test_each")
-    order = [i.nodeid for i in items]
     assert order.index(conftest.GGUF_RECORD) > order.index("tests/test_records.py::test_each")
     assert order.index(conftest.GGUF_RECORD) < order.index(f"{docs}[docs/cli.md:296-shared-eedb8e5e]")
