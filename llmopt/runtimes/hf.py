@@ -40,6 +40,8 @@ class TransformersRuntime:
             model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized)
         self.model = model.to(dtype=dtype) if quantized else model.to(device)
         self.model.eval()
+        # whether the head can be computed at chosen positions only (most causal LMs of transformers take it)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -72,8 +74,7 @@ class TransformersRuntime:
         last = torch.tensor([len(context) - 1 for context in contexts])
         # the head at the contexts' last positions only (a fifth of the demo model's work at every other position)
         kept, column = torch.unique(last, return_inverse=True)
-        heads = {"logits_to_keep": kept.to(self.device)} \
-            if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+        heads = {"logits_to_keep": kept.to(self.device)} if self.keeps_logits else {}
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True, **heads)
         at = column if heads else last
@@ -161,7 +162,7 @@ class TransformersRuntime:
         sampler = Sampler(torch, self.device, temperature, top_p, top_k, repetition_penalty, seed)
         sampler.saw(prompt_ids)
         # only the last position's logits: a long prompt's full logits would take vocab x length floats
-        last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+        last_only = {"logits_to_keep": 1} if self.keeps_logits else {}
         ids, past = torch.tensor([prompt_ids], device=self.device), None
         for step in range(max_new_tokens):
             with torch.inference_mode():
