@@ -255,7 +255,7 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
     assert same("llmopt bench artifacts/quickstart --sweep -n 8 --slo ttft_p99_ms=2000")
     assert same("llmopt sweep recipes/sweep-onnx-cpu.toml --axis compress[0].group_size=32,64")
     assert same("llmopt bench http://127.0.0.1:8000/v1 -n 8") and same("llmopt tune artifacts/quickstart -n 2")
-    assert same("llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose,mc")
+    assert same("llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose")
     assert not same("llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 -o reports/")
     assert not same("llmopt eval quickstart.toml --candidate http://127.0.0.1:8000/v1")  # a page's own copy
     assert not same("llmopt cp quickstart") and not same("llmopt run recipes/quickstart.toml")  # they write files
@@ -266,7 +266,7 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
     assert any(c.id.startswith("docs/cli.md:") and c.text.startswith("llmopt sweep recipes/") and "--axis" in c.text
                for c in repeated)
     served = [c.id for c in repeated
-              if c.text == "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose,mc"]
+              if c.text == "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose"]
     assert len(served) == 3  # scored once, by the first page that reaches it
 
 

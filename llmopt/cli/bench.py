@@ -51,7 +51,7 @@ def bench(
 
     Examples:
 
-        llmopt bench http://127.0.0.1:8000 --input-len 128 --output-len 16 -c 1,4 -n 8
+        llmopt bench http://127.0.0.1:8000 --input-len 128 --output-len 16 -c 1,4 -n 8 --split 128,512
 
         llmopt bench artifacts/quickstart --sweep --max-concurrency 2 --input-len 128 --output-len 16 -n 8 --slo ttft_p99_ms=2000 --split off
 

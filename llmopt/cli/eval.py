@@ -39,7 +39,7 @@ def eval_(
 
         llmopt eval recipes/quickstart.toml --candidate artifacts/quickstart -o reports/
 
-        llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose,mc
+        llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose
     """
     from llmopt.errors import GateFailed
     from llmopt.run.evaluate import evaluate

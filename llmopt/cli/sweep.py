@@ -48,7 +48,7 @@ def sweep(
 
         llmopt sweep recipes/sweep-onnx-cpu.toml --dry-run
 
-        llmopt sweep recipes/sweep-onnx-cpu.toml --axis 'compress[0]={ method = "rtn" }' --axis compress[0].group_size=64,128   # exits 3: no RTN variant passes the gate
+        llmopt sweep recipes/sweep-onnx-cpu.toml --axis 'compress[0]={ method = "rtn" }' --axis compress[0].group_size=64,128 --axis export.lm_head=int8   # exits 3: no RTN variant passes
 
         llmopt sweep my.toml --executor ray --address auto --cache-dir /shared/llmopt-cache -o /shared/sweeps/my
     """
