@@ -36,7 +36,8 @@ from pathlib import Path
 
 import httpx
 
-MODES = {"single": [], "parallel 2": ["--parallel", "2"], "max-num-seqs 4": ["--max-num-seqs", "4"]}
+MODES = {"single": [], "parallel 2": ["--parallel", "2"], "max-num-seqs 4": ["--max-num-seqs", "4"],
+         "max-num-seqs 4 len 512": ["--max-num-seqs", "4", "--max-model-len", "512"]}
 
 
 def cpu_seconds(pid: int) -> float:
