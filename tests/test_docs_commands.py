@@ -268,6 +268,9 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
     served = [c.id for c in repeated
               if c.text == "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose"]
     assert len(served) == 3  # scored once, by the first page that reaches it
+    rtn = [c for c in repeated if c.text.startswith("llmopt sweep recipes/sweep-onnx-cpu.toml --axis 'compress[0]={ method")]
+    assert {c.doc for c in rtn} == {"docs/sweep.md", "docs/cli.md"}
+    assert len({c.text for c in rtn}) == 1  # one sweep for both pages: the two spellings once ran two (64 s more)
 
 
 def test_a_shared_command_runs_once_while_another_page_waits_for_it(tmp_path):
