@@ -1,9 +1,10 @@
 """Compression on the real demo model (SmolLM2-135M-Instruct, CPU): one test per method.
 
 Every test runs a recipe through ``llmopt.api.run`` with the same source, calibration
-(8 x 256 tokens of builtin:prose; fewer for ModelOpt's slow INT4 AWQ search) and perplexity eval (8 windows of 256 tokens of
-builtin:prose-eval), sharing one stage cache, so the GGUF conversion, the baseline
-eval and any identical stage run once for the whole file. Each test checks that the
+(8 x 256 tokens of builtin:prose; fewer for the AWQ searches, llm-compressor's and ModelOpt's
+INT4, slow on a CPU) and perplexity eval (8 windows of 256 tokens of builtin:prose-eval), sharing
+one stage cache, so the GGUF conversion, the baseline eval and any identical stage run once for
+the whole file. Each test checks that the
 checkpoint was written with the right quantization metadata, that it reloads (the
 candidate eval loads it from disk, through the runtime its format calls for), and
 that its held-out perplexity stays within a stated bound of the baseline:
