@@ -118,7 +118,8 @@
 # "_": GV_C_fp8_8b=64,128), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
 # GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv), GV_BENCH=0 (no bench of the
-# variants: their runs and GV_SERVED_EVAL only).
+# variants: their runs and GV_SERVED_EVAL only), GV_C1_REQUESTS (the point at one request in flight benched apart,
+# with this many requests, into bench/<variant>-c1: one at a time, 128 requests of an 8B model take minutes).
 set -u
 cmd=${1:?usage: gpu_vllm.sh pack | keep DIR... | start | run | wait SECONDS}; shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -342,6 +343,14 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       esac
       c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
       conc=${!c_of:-$conc} n=${!n_of:-$n}
+      if [ -n "${GV_C1_REQUESTS:-}" ] && [[ ,$conc, == *,1,* ]]; then  # one in flight, fewer requests (header)
+        conc=$(echo ",$conc," | sed 's/,1,/,/; s/^,//; s/,$//')
+        t=$(date +%s)
+        "${eng[@]}" python3 -m llmopt bench "$W/art/$v" -c 1 -n "$GV_C1_REQUESTS" \
+          --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" \
+          -o "$W/bench/$v-c1" --format json > "$W/bench/$v-c1.json" 2> "$W/bench/$v-c1.log"
+        say "$v: bench-c1 exit $? in $(( $(date +%s) - t )) s"
+      fi
       t=$(date +%s)
       "${eng[@]}" python3 -m llmopt bench "$W/art/$v" -c "$conc" -n "$n" \
         --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" -o "$W/bench/$v" --format json \
