@@ -119,7 +119,8 @@
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
 # GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv), GV_BENCH=0 (no bench of the
 # variants: their runs and GV_SERVED_EVAL only), GV_C1_REQUESTS (the point at one request in flight benched apart,
-# with this many requests, into bench/<variant>-c1: one at a time, 128 requests of an 8B model take minutes).
+# with this many requests, into bench/<variant>-c1: one at a time, 128 requests of an 8B model take minutes; it is
+# a bench of its own, so the engine starts twice: not for an engine whose start takes minutes, as SGLang's W4A16).
 set -u
 cmd=${1:?usage: gpu_vllm.sh pack | keep DIR... | start | run | wait SECONDS}; shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
