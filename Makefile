@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # Two pytest-xdist workers, each computing on one thread: one starts the quickstart run while the other takes the
 # other modules; then both take what is left, the docs pages that use the run last (tests/conftest.py,
-# ModulesQuickstartFirst). 35 to 43 minutes on fresh clones, the quickstart run (24 to 28 on one thread) its longest path.
+# ModulesQuickstartFirst). 35 to 46 minutes on fresh clones, the quickstart run (24 to 32 on one thread) its longest path.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=25
 
