@@ -172,6 +172,12 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
 
 say() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$W/progress.log"; }
 
+bench_variant() {  # CONCURRENCY REQUESTS NAME: llmopt bench of the variant $v's artifact (its engine $eng) into bench/NAME
+  "${eng[@]}" python3 -m llmopt bench "$W/art/$v" -c "$1" -n "$2" \
+    --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" \
+    -o "$W/bench/$3" --format json > "$W/bench/$3.json" 2> "$W/bench/$3.log"
+}
+
 tune_step() {  # the variant `tune` (header): the FP8 artifact at a heavy load, then llmopt tune against it
   local over=() s t bounds extra
   read -r -a bounds <<< "${GV_TUNE_SLO:-ttft_p99_ms=3000 tpot_p99_ms=25}"
@@ -347,15 +353,11 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       if [ -n "${GV_C1_REQUESTS:-}" ] && [[ ,$conc, == *,1,* ]]; then  # one in flight, fewer requests (header)
         conc=$(echo ",$conc," | sed 's/,1,/,/; s/^,//; s/,$//')
         t=$(date +%s)
-        "${eng[@]}" python3 -m llmopt bench "$W/art/$v" -c 1 -n "$GV_C1_REQUESTS" \
-          --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" \
-          -o "$W/bench/$v-c1" --format json > "$W/bench/$v-c1.json" 2> "$W/bench/$v-c1.log"
+        bench_variant 1 "$GV_C1_REQUESTS" "$v-c1"
         say "$v: bench-c1 exit $? in $(( $(date +%s) - t )) s"
       fi
       t=$(date +%s)
-      "${eng[@]}" python3 -m llmopt bench "$W/art/$v" -c "$conc" -n "$n" \
-        --input-len "${GV_INPUT:-1024}" --output-len "${GV_OUTPUT:-256}" ${GV_REPEATS:+--repeats "$GV_REPEATS"} "${slo[@]}" -o "$W/bench/$v" --format json \
-        > "$W/bench/$v.json" 2> "$W/bench/$v.log"
+      bench_variant "$conc" "$n" "$v"
       say "$v: bench exit $? in $(( $(date +%s) - t )) s"
     done
     if [ -n "${GV_SERVED_EVAL:-}" ]; then  # a recipe's evals through these variants' own engines (header)
