@@ -56,7 +56,6 @@ def summarize(folder: Path) -> dict:
             # the engine's start: what the bench command took beyond its measured load points
             "engine_start_s": round(seconds["bench"] - bench["duration_s"], 1) if bench and "bench" in seconds else None,
             "bench": bench,
-            "bench_c1": _read(folder / "bench" / f"{name}-c1" / "bench.json"),  # GV_C1_REQUESTS (gpu_vllm.sh)
         })
     return {"env": _read(folder / "env.json"), "progress": progress, "variants": variants}
 

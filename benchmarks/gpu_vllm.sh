@@ -118,9 +118,9 @@
 # "_": GV_C_fp8_8b=64,128), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
 # medians), GV_INPUT (1024), GV_OUTPUT (256), GV_SLO ("ttft_p99_ms=200 tpot_p99_ms=10"),
 # GV_GPU (the catalogue's target for the recipes: H200), GV_WORK (/tmp/gv), GV_BENCH=0 (no bench of the
-# variants: their runs and GV_SERVED_EVAL only), GV_C1_REQUESTS (the point at one request in flight benched apart,
-# with this many requests, into bench/<variant>-c1: one at a time, 128 requests of an 8B model take minutes; it is
-# a bench of its own, so the engine starts twice: not for an engine whose start takes minutes, as SGLang's W4A16).
+# variants: their runs and GV_SERVED_EVAL only), GV_C1_REQUESTS (this many requests at the point of one request in
+# flight, the other points GV_REQUESTS, in the same bench: `llmopt bench -c 1,8 -n 16,128`; one at a time, 128
+# requests of an 8B model take minutes).
 set -u
 cmd=${1:?usage: gpu_vllm.sh pack | keep DIR... | start | run | wait SECONDS}; shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -350,11 +350,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       esac
       c_of="GV_C_${v//-/_}" n_of="GV_N_${v//-/_}"  # one variant's own points: GV_C_fp8_8b=64,128 GV_N_fp8_8b=128
       conc=${!c_of:-$conc} n=${!n_of:-$n}
-      if [ -n "${GV_C1_REQUESTS:-}" ] && [[ ,$conc, == *,1,* ]]; then  # one in flight, fewer requests (header)
-        conc=$(echo ",$conc," | sed 's/,1,/,/; s/^,//; s/,$//')
-        t=$(date +%s)
-        bench_variant 1 "$GV_C1_REQUESTS" "$v-c1"
-        say "$v: bench-c1 exit $? in $(( $(date +%s) - t )) s"
+      if [ -n "${GV_C1_REQUESTS:-}" ] && [[ $n != *,* ]]; then  # one in flight, fewer requests (header): a count a point
+        n=$(echo "$conc" | tr ',' '\n' | while read -r c; do [ "$c" = 1 ] && echo "$GV_C1_REQUESTS" || echo "$n"; done | paste -sd,)
       fi
       t=$(date +%s)
       bench_variant "$conc" "$n" "$v"

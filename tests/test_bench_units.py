@@ -165,6 +165,30 @@ def test_usage_errors_exit_2(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["-c", "1,8", "-n", "16,128,128"], "-n gives 3 request counts for 2 load points"),
+    (["-n", "16,128"], "-n gives 2 request counts for 1 load point"),  # the workload's one concurrency
+    (["--sweep", "-n", "16,128"], "a sweep takes one request count"),
+    (["-c", "1,8", "-n", "16,0"], "--requests takes positive numbers"),
+])
+def test_a_count_per_point_must_match_the_points(args, message, capsys):
+    assert main(["bench", "http://127.0.0.1:9", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_requests_per_point(tmp_path, capsys):
+    """-n 2,6 with -c 1,2: two requests one at a time, six at two in flight (a point of one request in flight
+    needs fewer to be measured than a loaded one), in one run against one server."""
+    with Running() as server:
+        code = main(["bench", server.url, "--input-len", "4", "--output-len", "3", "-c", "1,2", "-n", "2,6",
+                     "--warmup", "0", "--vocab-size", "100", "--no-plots", "-o", str(tmp_path), "--format", "json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [p["requests"]["sent"] for p in result["points"]] == [2, 6]
+    assert result["options"]["requests"] == [2, 6]
+    assert "2, 6 requests at the load points in order" in (tmp_path / "bench.md").read_text()
+
+
 def test_bad_targets(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "nothing")]) == 2
     assert "neither a URL" in capsys.readouterr().err

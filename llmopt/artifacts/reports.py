@@ -323,13 +323,13 @@ BENCH_HEADER = ["load", "ok / sent", "req/s", "output tok/s", "TTFT p50 / p99 ms
 
 def bench_markdown(bench: dict) -> str:
     """The serving benchmark's section of report.md: one row per load point."""
-    from llmopt.bench.report import split_table, workload_line
+    from llmopt.bench.report import requests_line, split_table, workload_line
 
     slo = {k: v for k, v in (bench.get("slo") or {}).items() if v is not None}
     lines = ["", f"## Serving benchmark: {bench.get('engine')}", "",
              f"Workload: {workload_line(bench)}; SLO: "
-             f"{', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; {bench['options']['requests']} "
-             f"requests after {bench['options']['warmup']} warm-up, {bench['options']['repeats']} repeat(s) "
+             f"{', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; "
+             f"{requests_line(bench['options']['requests'])} after {bench['options']['warmup']} warm-up, {bench['options']['repeats']} repeat(s) "
              f"(medians). Files: reports/{BENCH_DIR}/.", "",
              "| " + " | ".join(BENCH_HEADER) + " |", "|" + "---|" * len(BENCH_HEADER)]
 

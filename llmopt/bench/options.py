@@ -7,7 +7,7 @@ manifest and the command line describe them alike.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,10 @@ class BenchOptions(BaseModel):
     sweep: bool = Field(False, description="Concurrency 1, 2, 4, ... until throughput stops growing (saturation), "
                         "errors pass 10%, or max_concurrency.")
     max_concurrency: int = Field(256, ge=1, description="Highest concurrency a sweep tries.")
-    requests: int = Field(64, ge=1, description="Measured requests per point (a sweep sends at least 2 x concurrency).")
+    requests: Union[Annotated[int, Field(ge=1)], list[Annotated[int, Field(ge=1)]]] = Field(
+        64, description="Measured requests per point (a sweep sends at least 2 x concurrency), or one count per fixed "
+        "point, in order: the concurrency points, then the rate points ([16, 128] with concurrency [1, 32]: one in "
+        "flight needs fewer requests than a loaded point to be measured, and takes longest per request).")
     warmup: int = Field(4, ge=0, description="Requests sent before each point's measured ones, in the same stream of load, and left out (at a concurrency point at least the concurrency: one round, so that measuring starts in steady state).")
     repeats: int = Field(1, ge=1, description="Repeats of each point; the point's figures are the medians.")
     endpoint: Literal["completions", "chat"] = Field(
@@ -66,3 +69,20 @@ class BenchOptions(BaseModel):
             return []
         points = [("concurrency", float(c)) for c in self.concurrency] + [("rate", float(r)) for r in self.rate]
         return points or [("concurrency", float(workload.concurrency))]
+
+    def point_requests(self, workload: Workload) -> list[int]:
+        """The measured requests of each fixed point (``points``), in order: ``requests`` for every point, or
+        its own count where ``requests`` is a list, which must name one per point."""
+        from llmopt.errors import UsageError
+
+        points = self.points(workload)
+        if isinstance(self.requests, int):
+            return [self.requests] * len(points)
+        if self.sweep:
+            raise UsageError("a sweep takes one request count (it sends at least 2 x concurrency a point)",
+                             fix="pass one number to -n, or fixed points with -c and a count for each")
+        if len(self.requests) != len(points):
+            counted = f"{len(points)} load point" + ("s" if len(points) != 1 else "")
+            raise UsageError(f"-n gives {len(self.requests)} request counts for {counted}",
+                             fix="give one count per point, in order (-c 1,8,32 -n 16,128,128), or one for all")
+        return list(self.requests)

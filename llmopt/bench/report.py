@@ -24,13 +24,20 @@ def _ms(stat: dict | None, key: str) -> str:
     return "-" if not stat else f"{stat[key]:.1f}"
 
 
+def requests_line(requests: int | list[int]) -> str:
+    """How many requests each point measured: one count for all, or one per point (``-n 16,128``)."""
+    if isinstance(requests, int):
+        return f"{requests} requests per point"
+    return f"{', '.join(str(n) for n in requests)} requests at the load points in order"
+
+
 def markdown(result: dict) -> str:
     """One row per load point."""
     slo = {k: v for k, v in (result.get("slo") or {}).items() if v is not None}
     lines = [f"# llmopt bench: {result['target']['model']} at {result['target']['url']}", "",
              f"Workload: {workload_line(result)}; "
              f"SLO: {', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; "
-             f"{result['options']['requests']} requests per point after {result['options']['warmup']} warm-up.", "",
+             f"{requests_line(result['options']['requests'])} after {result['options']['warmup']} warm-up.", "",
              "| load | ok / sent | req/s | output tok/s | total tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
              "| ITL p50 / p99 ms | E2E p50 / p99 ms | goodput req/s | errors | client CPU |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -57,6 +57,7 @@ def run_bench(target: str | Path, workload: Workload | dict | None, slo: SLO | d
 
     workload, slo = checked(Workload, workload, "workload"), checked(SLO, slo, "slo")
     options = checked(BenchOptions, options, "options")
+    options.point_requests(workload)  # a count per point that does not fit the points: exit 2, before a server starts
     require("aiohttp", "bench", "llmopt bench")  # before a server is started
     out_dir, say = Path(out_dir), say or (lambda message: None)
     if is_url(target):
@@ -118,8 +119,9 @@ def measure(url: str, started: dict | None, workload: Workload, slo: SLO, option
     ctx = {"url": url + path, "base": url, "model": model, "server": server, "vocab": vocab,
            "slo": slo.model_dump(), "rows": rows, "texts": texts}
     points, saturation = [], None
+    counts = options.point_requests(workload)
     for index, (kind, value) in enumerate(options.points(workload)):
-        points.append(run_point(ctx, index, kind, value, options.requests, workload, options, say))
+        points.append(run_point(ctx, index, kind, value, counts[index], workload, options, say))
     if options.sweep:
         saturation = sweep(ctx, points, workload, options, say)
     split_lengths, skipped = split.lengths(options, server, split.served_context(models))

@@ -26,7 +26,7 @@ def bench(
     rate: Rates = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="Concurrency 1, 2, 4, ... until throughput stops growing.")] = False,
     max_concurrency: Annotated[int, typer.Option(min=1, help="Highest concurrency of a sweep.")] = 256,
-    requests: Annotated[Optional[int], typer.Option("--requests", "-n", min=1, help="Measured requests per point (default: [bench] requests, else 64).")] = None,
+    requests: Annotated[Optional[list[str]], typer.Option("--requests", "-n", help="Measured requests per point, or one count per point in order: -c 1,8,32 -n 16,128,128 (default: [bench] requests, else 64).")] = None,
     warmup: Annotated[Optional[int], typer.Option(min=0, help="Warm-up requests before each point, left out (default 4).")] = None,
     repeats: Annotated[Optional[int], typer.Option(min=1, help="Repeats of each point; figures are the medians (default 1).")] = None,
     slo: SloOpt = None,
@@ -63,6 +63,8 @@ def bench(
 
     out = sink(format)
     workload = _workload(input_len, output_len, dataset)
+    counts = _numbers(requests, int, "--requests")
+    requests = None if not counts else counts[0] if len(counts) == 1 else counts
     options = {"concurrency": _numbers(concurrency, int, "--concurrency"), "rate": _numbers(rate, float, "--rate"),
                "sweep": sweep, "max_concurrency": max_concurrency, "endpoint": endpoint, "model": model, "engine": engine,
                "port": port, "ignore_eos": ignore_eos, "vocab_size": vocab_size, "seed": seed, "request_timeout_s": timeout,
