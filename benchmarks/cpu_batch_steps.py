@@ -1,6 +1,6 @@
 """What a batched decode step costs on this CPU, from the kernel up to `llmopt serve`'s batch engine.
 
-Three layers, each timed alone on an int4 ONNX model folder (the quickstart's `artifacts/quickstart/model`):
+Four layers, each timed alone on an int4 ONNX model folder (the quickstart's `artifacts/quickstart/model`):
 
 1. the int4 kernel: one MatMulNBits node of the demo model's shapes (hidden 576, MLP 1,536, vocabulary
    49,152; 4-bit blocks of 32 with zero points) at M = 1, 2, 4, 8 rows, accuracy levels 1 and 4;
@@ -9,11 +9,18 @@ Three layers, each timed alone on an int4 ONNX model folder (the quickstart's `a
 3. `llmopt serve --max-num-seqs`'s engine (OnnxRuntime.batch_engine: og.Engine, which batches
    statically on a CPU) given N requests at once: output tokens per second from the first request begun to the
    last token, prompts included, with the engine's context (search.max_length) at PROMPT + OUTPUT + 32 and
-   at the folder's own (the quickstart's 8,192).
+   at the folder's own (the quickstart's 8,192);
+4. four requests on the machine's two cores, split three ways, each process timed at once with the others
+   (engine-level upper bounds of the server modes, no HTTP): two processes of one thread generating one
+   request at a time (`--parallel 2`), two processes of one thread each batching two (`--parallel 2` with
+   batches of 2, which `llmopt serve` does not offer), one process of two threads batching four
+   (`--max-num-seqs 4`); at the 64/32-token requests above and at the quickstart's workload (256 prompt, 128
+   output tokens), the engine's context at the quickstart's served 2,048.
 
     .venv/bin/python benchmarks/cpu_batch_steps.py artifacts/quickstart/model
+    .venv/bin/python benchmarks/cpu_batch_steps.py artifacts/quickstart/model --layers split   # layer 4 alone
 
-Prints one JSON line per figure. Run it on a quiet machine: every figure is one process's time.
+Prints one JSON line per figure. Run it on a quiet machine: every figure but layer 4's is one process's time.
 """
 
 from __future__ import annotations
@@ -119,30 +126,89 @@ def engine_rate(og, folder: str, requests: int, threads: int, prompt: int, outpu
             "rounds_tok_s": [round(t / s, 1) for t, s in rounds]}
 
 
+SPLITS = ((2, 1, 1), (2, 2, 1), (1, 4, 2))  # (processes, requests each, threads each): four in flight on two cores
+
+
+def split_worker(folder: str, requests: int, threads: int, prompt: int, output: int, max_length: int, barrier,
+                 results) -> None:
+    """One process of ``split_rate``: ``requests`` requests one at a time (1: the runtime's own generation, as a
+    `--parallel` worker's) or batched (more: the engine), ROUNDS timed rounds begun with the other processes."""
+    os.environ["LLMOPT_CPU_THREADS"] = str(threads)
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    runtime = OnnxRuntime(Path(folder))
+    ids = prompts(requests, prompt)
+    if requests == 1:
+        def run() -> float:
+            start = time.perf_counter()
+            tokens = sum(1 for _ in runtime.stream(ids[0], output, min_new_tokens=output))
+            return tokens / (time.perf_counter() - start)
+    else:
+        batch = runtime.batch_engine(requests, max_length)
+        batch.open()
+
+        def run() -> float:
+            turns = [batch.start(row, output, min_new_tokens=output) for row in ids]
+            start, tokens = time.perf_counter(), 0
+            while any(not turn.finished for turn in turns):
+                tokens += sum(1 for _, token, _ in batch.step() if token is not None)
+            return tokens / (time.perf_counter() - start)
+    run()
+    barrier.wait()
+    results.put([run() for _ in range(ROUNDS)])
+
+
+def split_rate(folder: str, processes: int, requests: int, threads: int, prompt: int, output: int,
+               max_length: int) -> dict:
+    """Output tok/s of ``processes`` processes at once, each of ``threads`` threads with ``requests`` requests:
+    the sum over the processes, round by round, and its median."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes), context.Queue()
+    procs = [context.Process(target=split_worker, args=(folder, requests, threads, prompt, output, max_length,
+                                                         barrier, results)) for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    rounds = [results.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    totals = sorted(round(sum(r[k] for r in rounds), 1) for k in range(ROUNDS))
+    return {"rounds_tok_s": totals, "output_tok_s": totals[len(totals) // 2]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="an int4 ONNX Runtime GenAI folder")
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--output", type=int, default=32)
+    parser.add_argument("--layers", default="kernel,step,engine,split", help="which layers to time (comma-separated)")
     args = parser.parse_args()
+    layers = set(args.layers.split(","))
     import onnxruntime_genai as og
 
-    for K, N in ((576, 1536), (1536, 576), (576, 49152)):
+    for K, N in ((576, 1536), (1536, 576), (576, 49152)) if "kernel" in layers else ():
         for level in (1, 4):
             times = {rows: kernel(K, N, level, rows, 200 if N < 10000 else 40) for rows in (1, 2, 4, 8)}
             print(json.dumps({"layer": "kernel", "K": K, "N": N, "accuracy_level": level,
                               "us": {m: round(t, 1) for m, t in times.items()},
                               "vs_one_row": {m: round(t / times[1], 2) for m, t in times.items()}}), flush=True)
-    for threads in (1, 2):
+    for threads in (1, 2) if "step" in layers else ():
         steps = {batch: generator_step(og, args.model, batch, threads, args.prompt) for batch in (1, 4)}
         print(json.dumps({"layer": "og.Generator step", "threads": threads, "ms": {b: round(t, 2) for b, t in steps.items()},
                           "tok_s": {b: round(b * 1e3 / t) for b, t in steps.items()}}), flush=True)
-    for threads in (1, 2):
+    for threads in (1, 2) if "engine" in layers else ():
         for requests in (1, 4):
             for max_length in (args.prompt + args.output + 32, None):
                 got = engine_rate(og, args.model, requests, threads, args.prompt, args.output, max_length)
                 print(json.dumps({"layer": "og.Engine (llmopt serve --max-num-seqs)", "threads": threads,
                                   "requests": requests, "max_length": max_length or "the folder's", **got}), flush=True)
+    for prompt, output in ((args.prompt, args.output), (256, 128)) if "split" in layers else ():
+        for processes, requests, threads in SPLITS:
+            got = split_rate(args.model, processes, requests, threads, prompt, output, 2048)
+            print(json.dumps({"layer": "four in flight, split", "processes": processes, "requests_each": requests,
+                              "threads_each": threads, "prompt": prompt, "output": output, "max_length": 2048,
+                              **got}), flush=True)
 
 
 if __name__ == "__main__":
