@@ -25,6 +25,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import Annotated, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,12 +54,20 @@ class ServedLoad(BaseModel):
 class BenchStageOptions(ServedLoad):
     """What the bench stage measures: from [serve] (engine, workload, SLO) and [bench]."""
 
+    requests: Union[Annotated[int, Field(ge=1)], list[Annotated[int, Field(ge=1)]]] = Field(
+        description="Measured requests per point ([bench] requests), or one count per load point (`llmopt bench "
+        "ARTIFACT -c 1,8 -n 16,128`).")
     repeats: int = Field(ge=1, description="[bench] repeats: runs of the point; figures are the medians.")
     split: list[int] | None = Field(None, description="[bench] split: prompt lengths of the prefill / decode split "
                                     "(None: the default lengths for llmopt serve).")
     load: BenchOptions | None = Field(None, description="`llmopt bench ARTIFACT`'s own options (load points, rates, "
                                       "sweep, endpoint, timeouts); None in `llmopt run`: one point at the "
                                       "workload's concurrency, on the deploy stage's engine.")
+
+    def bench(self) -> BenchOptions:
+        """What ``run_bench`` is given: the load options with [bench]'s requests, warm-up, repeats and split."""
+        return (self.load or BenchOptions(engine=self.engine)).model_copy(update={
+            "requests": self.requests, "warmup": self.warmup, "repeats": self.repeats, "split": self.split})
 
 
 def bench_options(recipe) -> BenchStageOptions:
@@ -156,10 +165,8 @@ class BenchStage(StageKind):
             ctx = dataclasses.replace(ctx, recipe=ctx.recipe.for_engine(options.engine))
         target = ctx.out_dir / "target"
         lay_out(target, ctx, options.engine)
-        run = (options.load or BenchOptions(engine=options.engine)).model_copy(update={
-            "requests": options.requests, "warmup": options.warmup, "repeats": options.repeats, "split": options.split})
         try:
-            result = run_bench(target, located(options.workload, ctx), options.slo, run, ctx.out_dir,
+            result = run_bench(target, located(options.workload, ctx), options.slo, options.bench(), ctx.out_dir,
                                cache_dir=ctx.cache_root, say=ctx.progress)
         finally:
             shutil.rmtree(target, ignore_errors=True)
