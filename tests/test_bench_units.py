@@ -126,6 +126,8 @@ def test_an_artifacts_bench_is_its_recipes_settings_with_the_commands_over_them(
     # a count per load point (llmopt bench ARTIFACT -c 1,4 -n 2,6), which [bench] requests cannot say: the command's
     per_point = artifact_bench_options(recipe, {"options": {"concurrency": [1, 4], "requests": [2, 6]}})
     assert per_point.requests == [2, 6] and per_point.bench().point_requests(per_point.workload) == [2, 6]
+    with pytest.raises(UsageError, match="-n gives 2 request counts for 1 load point"):  # before the engine starts
+        artifact_bench_options(recipe, {"options": {"requests": [2, 6]}})
     bare = artifact_bench_options(Recipe.model_validate({"schema_version": 1, "name": "r", "model": {"source": "x"}}), {})
     assert bare.engine == "llmopt" and bare.load == BenchOptions() and bare.repeats == 3
     assert not is_artifact("http://h:1") and not is_artifact(tmp_path)

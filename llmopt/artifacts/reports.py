@@ -329,7 +329,8 @@ def bench_markdown(bench: dict) -> str:
     lines = ["", f"## Serving benchmark: {bench.get('engine')}", "",
              f"Workload: {workload_line(bench)}; SLO: "
              f"{', '.join(f'{k} <= {v:g}' for k, v in slo.items()) or 'none'}; "
-             f"{requests_line(bench['options']['requests'])} after {bench['options']['warmup']} warm-up, {bench['options']['repeats']} repeat(s) "
+             f"{requests_line(bench['options']['requests'])} after {bench['options']['warmup']} warm-up, "
+             f"{bench['options']['repeats']} repeat(s) "
              f"(medians). Files: reports/{BENCH_DIR}/.", "",
              "| " + " | ".join(BENCH_HEADER) + " |", "|" + "---|" * len(BENCH_HEADER)]
 

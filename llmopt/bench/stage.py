@@ -94,9 +94,11 @@ def artifact_bench_options(recipe, given: dict) -> BenchStageOptions:
     fields.update({key: options.pop(key) for key in list(fields) if key in options})
     workload = (serve.workload if serve else Workload()).model_dump() | (given.get("workload") or {})
     slo = (serve.slo if serve else SLO()).model_dump() | (given.get("slo") or {})
-    return checked(BenchStageOptions, {
+    stage = checked(BenchStageOptions, {
         "engine": serve.backend if serve else "llmopt", "workload": checked(Workload, workload, "workload"),
         "slo": checked(SLO, slo, "slo"), "load": checked(BenchOptions, options, "options"), **fields}, "options")
+    stage.bench().point_requests(stage.workload)  # a count per point that does not fit the points: exit 2 now
+    return stage
 
 
 def dataset_facts(loaded, workload: Workload) -> tuple[list[Problem], dict]:
