@@ -70,12 +70,10 @@ def kernel(K: int, N: int, level: int, rows: int, reps: int = 200) -> float:
     return (time.perf_counter() - start) / reps * 1e6
 
 
-def load(og, folder: str, threads: int, overlay: dict | None = None):
+def load(og, folder: str, threads: int):
     config = og.Config(folder)
     config.clear_providers()
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-    if overlay:
-        config.overlay(json.dumps(overlay))
     return og.Model(config)
 
 
@@ -102,7 +100,17 @@ def generator_step(og, folder: str, batch: int, threads: int, prompt: int, steps
     return min(run(steps) for _ in range(2)) * 1e3
 
 
-def engine_rate(og, folder: str, requests: int, threads: int, prompt: int, output: int, max_length: int | None) -> dict:
+def batch_round(batch, ids: list[list[int]], output: int) -> tuple[int, float]:
+    """The requests ``ids`` begun at once in ``batch`` (an EngineBatch), each ``output`` tokens: (tokens, seconds)
+    until the last one ends."""
+    turns = [batch.start(row, output, min_new_tokens=output) for row in ids]
+    start, tokens = time.perf_counter(), 0
+    while any(not turn.finished for turn in turns):
+        tokens += sum(1 for _, token, _ in batch.step() if token is not None)
+    return tokens, time.perf_counter() - start
+
+
+def engine_rate(folder: str, requests: int, threads: int, prompt: int, output: int, max_length: int | None) -> dict:
     """The engine `llmopt serve --max-num-seqs` opens (OnnxRuntime.batch_engine, on ``threads`` threads as
     LLMOPT_CPU_THREADS sets them), ``requests`` equal requests begun at once: output tok/s, prompts included (the
     median of ROUNDS rounds after one untimed)."""
@@ -111,16 +119,10 @@ def engine_rate(og, folder: str, requests: int, threads: int, prompt: int, outpu
     os.environ["LLMOPT_CPU_THREADS"] = str(threads)
     batch = OnnxRuntime(Path(folder)).batch_engine(requests, max_length)
     batch.open()
+    ids = prompts(requests, prompt)
 
-    def run() -> tuple[int, float]:
-        turns = [batch.start(ids, output, min_new_tokens=output) for ids in prompts(requests, prompt)]
-        start, tokens = time.perf_counter(), 0
-        while any(not turn.finished for turn in turns):
-            tokens += sum(1 for _, token, _ in batch.step() if token is not None)
-        return tokens, time.perf_counter() - start
-
-    run()
-    rounds = sorted((run() for _ in range(ROUNDS)), key=lambda r: r[0] / r[1])
+    batch_round(batch, ids, output)
+    rounds = sorted((batch_round(batch, ids, output) for _ in range(ROUNDS)), key=lambda r: r[0] / r[1])
     tokens, seconds = rounds[len(rounds) // 2]  # the median round: one round is a second or two, and moves
     return {"tokens": tokens, "seconds": round(seconds, 3), "output_tok_s": round(tokens / seconds, 1),
             "rounds_tok_s": [round(t / s, 1) for t, s in rounds]}
@@ -148,11 +150,8 @@ def split_worker(folder: str, requests: int, threads: int, prompt: int, output: 
         batch.open()
 
         def run() -> float:
-            turns = [batch.start(row, output, min_new_tokens=output) for row in ids]
-            start, tokens = time.perf_counter(), 0
-            while any(not turn.finished for turn in turns):
-                tokens += sum(1 for _, token, _ in batch.step() if token is not None)
-            return tokens / (time.perf_counter() - start)
+            tokens, seconds = batch_round(batch, ids, output)
+            return tokens / seconds
     run()
     barrier.wait()
     results.put([run() for _ in range(ROUNDS)])
@@ -200,7 +199,7 @@ def main() -> None:
     for threads in (1, 2) if "engine" in layers else ():
         for requests in (1, 4):
             for max_length in (args.prompt + args.output + 32, None):
-                got = engine_rate(og, args.model, requests, threads, args.prompt, args.output, max_length)
+                got = engine_rate(args.model, requests, threads, args.prompt, args.output, max_length)
                 print(json.dumps({"layer": "og.Engine (llmopt serve --max-num-seqs)", "threads": threads,
                                   "requests": requests, "max_length": max_length or "the folder's", **got}), flush=True)
     for prompt, output in ((args.prompt, args.output), (256, 128)) if "split" in layers else ():
