@@ -4,15 +4,23 @@ The test server (tests/test_bench_fakeserver.py, its own process) injects known 
 150 ms before the first token and 10 to 40 ms between tokens with a 3x stall every 5th gap, and
 records when it actually wrote each chunk. The truth of each request is the server's own
 record: TTFT from reading the body to writing the first token, end-to-end to writing [DONE],
-ITL every gap between two chunk writes, TPOT (end-to-end - TTFT) / (tokens - 1). The client's
-mean, p50, p90, p95 and p99 of each, at two concurrencies and one Poisson rate, must be within
-max(2% of the truth, 1 ms). The delays are tens of ms so that 2% is a bound that scheduling
-noise on a shared 2-core machine does not break, while a client that stamped late, lost chunks
-or averaged the gaps (as GuideLLM's ITL does, docs/benchmarks.md) would. The client's own CPU
-share is reported and must be far from a core: the client is not the bottleneck. Where the test
-may (as root), it runs the client and the server at a raised CPU priority, so that other work on
-the machine (a load average of 13 on 2 cores was seen) does not keep them from a core: the test
-measures the client, not the machine's queue.
+ITL every gap between two chunk writes, TPOT (end-to-end - TTFT) / (tokens - 1). At two
+concurrencies and one Poisson rate, three things hold for each of the four:
+
+- the report is the arithmetic of the client's own stamps (requests.jsonl), to the rounding;
+- those stamps are the server's: the median of |client - server| over the samples is within
+  max(2% of the truth's median, 1 ms), so a client that stamped late would fail;
+- the reported mean, p50, p90, p95 and p99 are within max(2% of the truth, 1 ms, the p99 of how
+  late the client's event loop woke at that point), so one that lost chunks or averaged the gaps
+  (as GuideLLM's ITL does, docs/benchmarks.md) would fail.
+
+The third bound's last term is the machine's own scheduling noise, which llmopt bench reports
+with every point: a process that waits for a core stamps late whatever its code. On a quiet
+machine it is about 1.5 ms and 2% or 1 ms decides; with other work on the cores (the suite runs
+two workers) it was 5 to 6 ms, one sample in four was off by more than 2% or 1 ms, and a p90 once
+moved 2.4% (CI, 55.54 ms against 56.89 ms). The client's own CPU share is reported and must be far
+from a core: the client is not the bottleneck. Where the test may (as root), it runs the client
+and the server at a raised CPU priority, which keeps that noise down.
 """
 
 from __future__ import annotations
@@ -41,6 +49,19 @@ def truth_rows(records: dict[str, dict], ids: list[str]) -> dict[str, list[float
         out["e2e_ms"].append(e2e)
         out["tpot_ms"].append((e2e - ttft) / (len(rec["sent"]) - 1))
         out["itl_ms"] += [(b - a) * 1e3 for a, b in zip(rec["sent"], rec["sent"][1:])]
+    return out
+
+
+def client_rows(rows: list[dict]) -> dict[str, list[float]]:
+    """The same four from the client's own stamps, request by request in the order of ``rows``."""
+    out = {"ttft_ms": [], "tpot_ms": [], "itl_ms": [], "e2e_ms": []}
+    for row in rows:
+        chunks = row["chunks_s"]
+        ttft, e2e = (chunks[0] - row["sent_s"]) * 1e3, (row["end_s"] - row["sent_s"]) * 1e3
+        out["ttft_ms"].append(ttft)
+        out["e2e_ms"].append(e2e)
+        out["tpot_ms"].append((e2e - ttft) / ((row["output_tokens"] or len(chunks)) - 1))
+        out["itl_ms"] += [(b - a) * 1e3 for a, b in zip(chunks, chunks[1:])]
     return out
 
 
@@ -80,17 +101,23 @@ def measured(tmp_path_factory):
 def test_percentiles_match_the_truth(measured, index):
     result, rows, truth = measured
     point = result["points"][index]
-    ids = [r["id"] for r in rows if r["point"] == index and not r["warmup"]]
-    assert point["requests"] == {"sent": N, "ok": N, "failed": 0} and len(ids) == N
-    expected = truth_rows(truth, ids)
+    mine = [r for r in rows if r["point"] == index and not r["warmup"]]
+    assert point["requests"] == {"sent": N, "ok": N, "failed": 0} and len(mine) == N
+    expected, stamped = truth_rows(truth, [r["id"] for r in mine]), client_rows(mine)
+    noise = point["client"]["loop_lag_ms"]["p99"]
     problems = []
     for metric, values in expected.items():
-        true = figures(values)
+        assert len(stamped[metric]) == len(values), metric  # no chunk lost or made up
+        own, true = figures(stamped[metric]), figures(values)
+        off = float(np.median(np.abs(np.subtract(stamped[metric], values))))
+        if off > max(0.02 * true["p50"], 1.0):
+            problems.append(f"{metric}: the client's stamps are {off:.2f} ms off the server's at the median")
         for name in FIGURES:
             got, want = point[metric][name], true[name]
-            if abs(got - want) > max(0.02 * want, 1.0):
+            assert got == pytest.approx(own[name], abs=2e-3), (metric, name)  # the report is its stamps' arithmetic
+            if abs(got - want) > max(0.02 * want, 1.0, noise):
                 problems.append(f"{metric} {name}: measured {got:.2f} ms, truth {want:.2f} ms")
-    assert not problems, f"{point['load']}: " + "; ".join(problems)
+    assert not problems, f"{point['load']} (event loop p99 lag {noise} ms): " + "; ".join(problems)
 
 
 def test_goodput_counts_requests_within_every_bound(measured):
