@@ -51,6 +51,19 @@ def test_an_axis_on_the_command_line_reads_each_value_as_toml():
     assert parse_axis("compress[0].method=gptq,awq") == ("compress[0].method", ["gptq", "awq"])
     assert parse_axis("compress[0].group_size = 32,64") == ("compress[0].group_size", [32, 64])
     assert parse_axis('export.lm_head="int8",false') == ("export.lm_head", ["int8", False])
+
+
+def test_an_axis_value_may_hold_commas_inside_a_table_an_array_or_quotes():
+    """A comma separates values only outside braces, brackets and quotes: an inline table of several keys is one
+    value (it was cut at each comma, and every variant failed with "Input should be a valid dictionary")."""
+    spec = 'compress[0]={ method = "gptq", group_size = 32, symmetric = false },{ method = "rtn" }'
+    assert parse_axis(spec) == ("compress[0]", [{"method": "gptq", "group_size": 32, "symmetric": False},
+                                                {"method": "rtn"}])
+    assert parse_axis('calibration.data="a,b",[1, 2],x') == ("calibration.data", ["a,b", [1, 2], "x"])
+    assert parse_axis("k='it, too',{ a = [1, { b = 2 }] }") == ("k", ["it, too", {"a": [1, {"b": 2}]}])
+
+
+def test_an_axis_that_is_not_key_equals_values_is_a_usage_error():
     for bad in ("compress[0].method", "=1,2", "key="):
         with pytest.raises(UsageError, match="is not KEY=V1,V2"):
             parse_axis(bad)

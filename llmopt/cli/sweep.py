@@ -12,7 +12,8 @@ from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, RecipeArg, SetOpt, a
 
 AxisOpt = Annotated[Optional[list[str]], typer.Option("--axis", "-a", help=(
     "An axis: KEY=V1,V2 (repeatable), e.g. --axis compress[0].group_size=32,64; adds to the recipe's "
-    "\\[sweep.axes] or replaces the axis of the same key. Values are read as TOML (gptq = \"gptq\")."))]
+    "\\[sweep.axes] or replaces the axis of the same key. Values are read as TOML (gptq = \"gptq\"); a comma inside "
+    "{ }, [ ] or quotes is part of its value."))]
 
 
 @app.command()

@@ -108,7 +108,26 @@ def parse_axis(spec: str) -> tuple[str, list[Any]]:
     key, sep, raw = spec.partition("=")
     if not sep or not key.strip() or not raw.strip():
         raise UsageError(f"axis {spec!r} is not KEY=V1,V2", fix='write e.g. --axis compress[0].group_size=32,64')
-    return key.strip(), [toml_value(part) for part in raw.split(",")]
+    return key.strip(), [toml_value(part) for part in top_level_parts(raw)]
+
+
+def top_level_parts(text: str) -> list[str]:
+    """``text`` cut at each comma outside braces, brackets and quotes: ``{ method = "gptq", group_size = 32 },x``
+    is two values, an inline table and a word."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote and text[i - 1] != "\\" else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
 
 
 def toml_value(text: str) -> Any:
