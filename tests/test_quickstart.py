@@ -16,11 +16,11 @@ def test_quickstart_runs_end_to_end(tmp_path, quickstart):
     assert doc["passed"] is True
     manifest = json.loads((out / "manifest.json").read_text())
     stages = {stage["name"]: stage["outputs"] for stage in manifest["stages"]}
-    groups = stages["compress.0.awq"]["quantization"]["config_groups"]
+    groups = stages["compress.0.gptq"]["quantization"]["config_groups"]
     weights, kept = groups["group_0"]["weights"], groups["group_1"]["weights"]
     assert (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, 32, False)
     assert (kept["num_bits"], kept["group_size"], kept["symmetric"]) == (8, 32, True)
-    assert len(stages["compress.0.awq"]["sensitive_layers"]["kept"]) == 16  # layer groups, ranked on the calibration
+    assert len(stages["compress.0.gptq"]["sensitive_layers"]["kept"]) == 16  # layer groups, ranked on the calibration
     export = stages["export.onnx"]
     assert export["precision"] == "int4" and export["quantized_input"]["repacked"] is True
     assert export["verify"]["status"] == "passed"  # MatMulNBits ran on the CPU EP, nothing fell back
