@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 
 from llmopt.bench import client, workload as wl
+from llmopt.bench.metrics import client_costs
 from llmopt.bench.options import BenchOptions, Workload
 
 DEFAULT_LENGTHS = (128, 512, 2048)
@@ -56,6 +57,7 @@ def measure(ctx: dict, options: BenchOptions, prompt_lengths: list[int], skipped
         say(f"prefill / decode split: {length} prompt tokens, {options.split_requests} requests one at a time")
         got = client.run(ctx["url"], "concurrency", 1.0, bodies, warm, options.request_timeout_s, seed)
         row = figures(length, got["records"])
+        row["client"] = client_costs(got["client_cpu_s"], got["client_wall_s"], got["loop_lag_s"])  # as each point's
         rows.append(row)
         origin = min((r.start for r in got["records"]), default=0.0)
         ctx["rows"] += [{"split": length, **r.to_dict(origin)} for r in got["warmup"] + got["records"]]
