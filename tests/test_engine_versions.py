@@ -29,13 +29,16 @@ FAKE_VLLM = """#!{python}
 import json, sys
 if "importlib.metadata" in sys.argv[2]:
     print("{version}")
-elif {no_parser!r}:  # a CUDA build of vLLM on a machine without a GPU
-    print("LLMOPT_RESULT " + json.dumps({{"ok": False, "errors": ["RuntimeError: Failed to infer device type"],
-                                         "version": "{version}", "stage": "parser"}}))
-else:
-    unknown = {unknown!r}
-    print("LLMOPT_RESULT " + json.dumps({{"ok": not unknown, "errors": ["unknown option(s)"] if unknown else [],
-                                         "version": "{version}", "unknown": unknown, "stage": "config"}}))
+else:  # the parser worker (validate_engine.SERVE): an answer a request, for as long as requests come
+    for _ in sys.stdin:
+        if {no_parser!r}:  # a CUDA build of vLLM on a machine without a GPU
+            answer = {{"ok": False, "errors": ["RuntimeError: Failed to infer device type"], "version": "{version}",
+                      "stage": "parser"}}
+        else:
+            unknown = {unknown!r}
+            answer = {{"ok": not unknown, "errors": ["unknown option(s)"] if unknown else [], "version": "{version}",
+                      "unknown": unknown, "stage": "config"}}
+        print("LLMOPT_RESULT " + json.dumps(answer), flush=True)
 """
 
 
