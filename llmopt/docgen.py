@@ -93,7 +93,8 @@ def recipe_md() -> str:
 def cli_md() -> str:
     import typer.main
 
-    from llmopt.cli.main import app, reference
+    from llmopt.cli.app import app
+    from llmopt.cli.main import reference  # registers every command on app
 
     group = typer.main.get_command(app)
     out = ["# CLI reference", "", "Generated from the commands' help by `python -m llmopt.docgen`; do not edit by hand.", ""]

@@ -93,6 +93,37 @@ def test_help_has_examples(capsys, command):
     assert "Examples:" in out and f"llmopt {command}" in out
 
 
+def _commands():
+    import typer.main
+
+    from llmopt.cli.app import app
+
+    return typer.main.get_command(app).commands
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_help_keeps_the_recipe_s_table_names(capsys, monkeypatch, command):
+    """`[sweep.axes]`, `[serve].workload`, `[[eval]]` in a help text are words, not Rich markup to drop."""
+    import re
+
+    texts = [_commands()[command].help or ""] + [getattr(p, "help", "") or "" for p in _commands()[command].params]
+    names = sorted({m for text in texts for m in re.findall(r"\[+[a-z_.]+\]+", text)})
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, _ = call(capsys, command, "--help")
+    assert code == 0
+    assert [name for name in names if name not in out] == []
+
+
+def test_help_shows_table_names_as_written(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    out = call(capsys, "validate", "--help")[1]
+    assert "A recipe with [sweep.axes] is checked whole" in out
+    out = call(capsys, "bench", "--help")[1]
+    assert "the artifact's [serve].workload, else 1024" in out
+    out = call(capsys, "eval", "--help")[1]
+    assert "default: every [[eval]]." in out
+
+
 @pytest.mark.parametrize("flag", ["--version", "-V"])
 def test_version(capsys, flag):
     import llmopt

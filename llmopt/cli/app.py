@@ -36,6 +36,22 @@ def _top(version: Annotated[bool, typer.Option("--version", "-V", callback=_prin
     pass
 
 
+def command():
+    """The click command that runs `app`, its help texts escaped for Rich: a recipe's table names in them
+    (`[sweep.axes]`, `[serve].workload`, `[[eval]]`) are words, which Rich's markup would drop as unknown
+    styles. docs/cli.md is made from the unescaped texts."""
+    import typer.main
+    from rich.markup import escape
+
+    group = typer.main.get_command(app)
+    for cmd in (group, *group.commands.values()):
+        cmd.help = escape(cmd.help) if cmd.help else cmd.help
+        for param in cmd.params:
+            if getattr(param, "help", None):
+                param.help = escape(param.help)
+    return group
+
+
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output: human, json (one JSON document on stdout) or quiet.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a recipe key: -s calibration.samples=16 (repeatable).")]
