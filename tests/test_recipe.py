@@ -149,6 +149,25 @@ def test_keys_not_overridden_keep_their_file_line(tmp_path):
     assert loaded.where("calibration", "samples") == "-s calibration.samples=4 (command line)"
 
 
+def test_an_unknown_table_made_by_an_override_names_the_override(tmp_path):
+    """`-s nokey.x=1` makes a table the recipe has not: the problem is on the command line, not in the file."""
+    path = write_recipe(tmp_path, EVAL_RECIPE)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["nokey.x=1"])
+    (problem,) = info.value.problems
+    assert problem.where == "-s nokey.x=1 (command line): nokey" and "unknown key 'nokey'" in problem.message
+    with pytest.raises(RecipeError) as info:  # a typo of a key inside a table the file has
+        load_recipe(path, ["calibration.sample=8"])
+    assert info.value.problems[0].where == "-s calibration.sample=8 (command line)"
+    with pytest.raises(RecipeError) as info:  # a table made inside one the file has
+        load_recipe(write_recipe(tmp_path, EVAL_RECIPE + "[calibration]\nsamples = 8\n"), ["calibration.extra.x=1"])
+    assert info.value.problems[0].where == "-s calibration.extra.x=1 (command line): calibration.extra"
+    path = write_recipe(tmp_path, EVAL_RECIPE + "[nokey]\ny = 2\n")
+    with pytest.raises(RecipeError) as info:  # an unknown table the file has keeps its line
+        load_recipe(path, ["nokey.x=1"])
+    assert info.value.problems[0].where == f"{path}:9: nokey"
+
+
 def test_unknown_gpu_is_a_recipe_error_reported_with_the_others(tmp_path):
     body = EVAL_RECIPE + '[target]\ngpu = "H100-SXM-80GX"\n[calibration]\nsamples = 0\n'
     with pytest.raises(RecipeError) as info:

@@ -93,10 +93,14 @@ class LoadedRecipe:
         return None if found is None else f"-s {self.overrides[found]} (command line)"
 
     def _override_path(self, key_path: tuple) -> tuple | None:
+        """The override that set ``key_path`` or a table above it; else, where the file does not have
+        ``key_path``, the first override inside it (``-s nokey.x=1`` made the table ``nokey``)."""
         key_path = tuple(key_path)
         for end in range(len(key_path), 0, -1):
             if key_path[:end] in self.overrides:
                 return key_path[:end]
+        if key_path and key_path not in self.lines:
+            return next((key for key in self.overrides if key[: len(key_path)] == key_path), None)
         return None
 
     @property
