@@ -118,6 +118,7 @@ def test_every_shipped_recipe_validates_and_plans():
         plan = api.plan(item["path"])
         assert not plan.errors, (item["name"], [str(p) for p in plan.errors])
         assert item["purpose"], f"{item['name']} needs a purpose comment on its first line"
+        assert item["purpose"].endswith("."), f"{item['name']}: `llmopt ls recipes` shows the first line, a whole sentence"
 
 
 def test_strict_makes_every_warning_an_error(tiny_model, tmp_path):
