@@ -112,6 +112,7 @@ def test_help_keeps_the_recipe_s_table_names(capsys, monkeypatch, command):
     code, out, _ = call(capsys, command, "--help")
     assert code == 0
     assert [name for name in names if name not in out] == []
+    assert "\\[" not in out  # nor escaped twice
 
 
 def test_help_shows_table_names_as_written(capsys, monkeypatch):
@@ -122,6 +123,8 @@ def test_help_shows_table_names_as_written(capsys, monkeypatch):
     assert "the artifact's [serve].workload, else 1024" in out
     out = call(capsys, "eval", "--help")[1]
     assert "default: every [[eval]]." in out
+    out = call(capsys, "sweep", "--help")[1]
+    assert "every combination of its [sweep] axes" in out
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])

@@ -12,7 +12,7 @@ from llmopt.cli.app import CacheOpt, FormatOpt, OfflineOpt, RecipeArg, SetOpt, a
 
 AxisOpt = Annotated[Optional[list[str]], typer.Option("--axis", "-a", help=(
     "An axis: KEY=V1,V2 (repeatable), e.g. --axis compress[0].group_size=32,64; adds to the recipe's "
-    "\\[sweep.axes] or replaces the axis of the same key. Values are read as TOML (gptq = \"gptq\"); a comma inside "
+    "[sweep.axes] or replaces the axis of the same key. Values are read as TOML (gptq = \"gptq\"); a comma inside "
     "{ }, [ ] or quotes is part of its value."))]
 
 
@@ -37,13 +37,13 @@ def sweep(
     offline: OfflineOpt = False,
     format: FormatOpt = "human",
 ) -> None:
-    """Sweep a recipe: every combination of its \\[sweep] axes, on one shared stage cache.
+    """Sweep a recipe: every combination of its [sweep] axes, on one shared stage cache.
 
     Every variant is planned first; one the planner refuses is reported with its reason and skipped
     (--strict: exit 2). Stages that variants share run once. A sweep killed and run again takes finished
     variants from their artifacts and resumes the others. Writes report.json, report.md and plots of
     accuracy against size to the sweep folder, with the chosen variant's artifact in chosen/. Exits 3
-    when no variant meets the constraints (every gate passes, and any bounds in \\[sweep.constraints]).
+    when no variant meets the constraints (every gate passes, and any bounds in [sweep.constraints]).
 
     Examples:
 
