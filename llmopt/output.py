@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 MODES = ("human", "json", "quiet")
 
@@ -75,7 +76,8 @@ class Output:
             self.err.print(message)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {message}")
+        """A warning in plain text: a recipe's table names in it (`[tune]`) are words, not Rich markup."""
+        self.err.print(f"[yellow]warning:[/] {escape(message)}")
 
     @contextmanager
     def status(self, message: str):

@@ -160,3 +160,15 @@ def test_closed_stdout_ends_quietly_with_141(args):
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and err == ""
+
+
+def test_a_warning_keeps_the_recipe_s_table_names(capsys):
+    """Warnings are plain text: "[tune] cannot start vllm" is not a Rich style tag."""
+    from llmopt.output import Output
+    from llmopt.sweep.execute import VariantOutput
+
+    Output("human").warn("[tune] cannot start vllm on this machine (not installed)")
+    VariantOutput("human", "g[32]").warn("[serve.speculative] stays as the recipe says")
+    err = capsys.readouterr().err
+    assert "warning: [tune] cannot start vllm" in err
+    assert "warning: g[32]: [serve.speculative] stays" in err

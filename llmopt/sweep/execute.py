@@ -43,7 +43,7 @@ class VariantOutput(Output):
         super().info(f"[bold]{escape(self.label)}[/] {message}")
 
     def warn(self, message: str) -> None:
-        super().warn(f"{escape(self.label)}: {message}")
+        super().warn(f"{self.label}: {message}")
 
     def status(self, message: str):  # a spinner shows the label; plain lines get it from ``info``
         spinner = self.mode != "quiet" and self.err.is_terminal
