@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # Two pytest-xdist workers, each computing on one thread: one starts the quickstart run while the other takes the
 # other modules; then both take what is left, the docs pages that use the run last (tests/conftest.py,
-# ModulesQuickstartFirst). 23 to 30 minutes on fresh clones of 2-vCPU machines with the GPTQ quickstart; 36 in CI once.
+# ModulesQuickstartFirst). 23 to 30 minutes on fresh clones of 2-vCPU machines with the GPTQ quickstart; 25 and 36 in CI.
 # Bytecode is compiled before the tests: where PYTHONDONTWRITEBYTECODE is set (it is on these machines) Python
 # writes none on import, and each of the suite's hundreds of llmopt processes compiled llmopt's modules again
 # (`llmopt plan recipes/quickstart.toml`: 0.77 s without llmopt's bytecode, 0.61 s with it).
