@@ -394,3 +394,17 @@ def test_llama_8b_at_8k_on_an_h100_lowers_only_what_the_kv_cache_or_the_slo_asks
     assert args[batched] < 8192  # the engines' 8192 would make a decode step take ~0.2 s
     assert f"# {batched}: serve.slo.tpot_p99_ms = 50: a step with a prefill chunk of 8,192 tokens" in text
     assert args[seqs] == result["memory"]["engine_defaults"]["max_num_seqs"] or f"# {seqs}: " in text
+
+
+def test_the_card_of_an_ort_artifact_launches_with_its_script(tmp_path):
+    """`llmopt serve .` alone reads model/genai_config.json, not deploy/ort/genai_config.json with the recipe's (or
+    the tuner's) session options, which launch.sh applies: the artifact's card leads with the script."""
+    from llmopt.artifacts.reports import launch_markdown
+
+    deploy, folder = render_ort(tmp_path, onnx_model(tmp_path, []), "intra_op_num_threads = 2")
+    session = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    assert session["intra_op_num_threads"] == 2 and "intra_op" not in deploy["command"]
+    text = "\n".join(launch_markdown(deploy))
+    assert text.index("```sh\ndeploy/ort/launch.sh\n```") < text.index(deploy["command"])
+    vllm = {"command": "vllm serve ./model --config ./deploy/vllm/config.yaml", "served_model_name": "demo"}
+    assert launch_markdown(vllm)[:5] == ["## Launch", "", "```sh", vllm["command"], "```"]  # the command is whole

@@ -400,6 +400,24 @@ def draft_markdown(draft: dict, methods: list[str]) -> str:
         f"position: {positions})", ""])
 
 
+def launch_markdown(deploy: dict) -> list[str]:
+    """The card's Launch section: the engine's command; where that command alone does not read every file of
+    deploy/<engine>/ (ort: its genai_config.json, with the session options), the launch script first."""
+    if not deploy.get("command"):
+        return []
+    lines = ["## Launch", ""]
+    launch = deploy.get("launch")
+    if launch and launch != deploy["command"]:
+        lines += ["```sh", launch, "```", "",
+                  f"The script serves with the files of `{launch.rsplit('/', 1)[0]}/`, which the command below "
+                  "does not read by itself; its header says where it listens and how it takes an API key "
+                  "(docs/deploy.md). The command:", ""]
+    lines += ["```sh", deploy["command"], "```", ""]
+    if deploy.get("served_model_name"):
+        lines += [f"The server answers to `model=\"{deploy['served_model_name']}\"`.", ""]
+    return lines
+
+
 def card(plan, manifest: dict, gates: list[dict]) -> str:
     recipe = plan.recipe.recipe
     steps = ", ".join(f"{s.method}" for s in recipe.compress) or "none"
@@ -433,11 +451,7 @@ def card(plan, manifest: dict, gates: list[dict]) -> str:
         lines.append(choice_markdown(manifest["choice"]).lstrip("\n"))
     if manifest.get("tune"):
         lines.append(tune_markdown(manifest["tune"]).lstrip("\n"))
-    deploy = manifest.get("deploy") or {}
-    if deploy.get("command"):
-        lines += ["## Launch", "", "```sh", deploy["command"], "```", ""]
-        if deploy.get("served_model_name"):
-            lines += [f"The server answers to `model=\"{deploy['served_model_name']}\"`.", ""]
+    lines += launch_markdown(manifest.get("deploy") or {})
     digest = {"blake3": "BLAKE3 (what `b3sum` prints)", "sha256": "SHA-256 (what `sha256sum` prints)"}[recipe.output.checksum]
     lines += [f"Every file's {digest} is in `manifest.json`; `llmopt verify <this folder>` checks them.", ""]
     return "\n".join(lines)
