@@ -187,8 +187,12 @@ def test_gate_rejects_unknown_settings(capsys, recipe, tiny_model, tmp_path):
     report = str(tmp_path / "r" / "report.json")
     code, _, err = call(capsys, "gate", report, "-s", "prose.max_dorp=1")
     assert code == 2 and "KEY one of max_drop" in err
+    assert "-s prose.max_dorp=1: unknown gate key 'max_dorp' (did you mean 'max_drop'?)" in err  # says which part
     code, _, err = call(capsys, "gate", report, "-s", "nosuch.max_drop=1")
     assert code == 2 and "EVAL one of prose, mc" in err
+    assert "-s nosuch.max_drop=1: the report has no eval 'nosuch'" in err
+    code, _, err = call(capsys, "gate", report, "-s", "max_drop")
+    assert code == 2 and "-s max_drop: no '=' and value" in err
     code, _, err = call(capsys, "gate", report, "-s", "prose.interval=score")
     assert code == 2 and "0/1 scores" in err
     code, out, _ = call(capsys, "gate", report, "-s", "mc.interval=bootstrap", "-f", "json")

@@ -81,8 +81,11 @@ def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:
     for spec in settings:
         key, sep, raw = spec.partition("=")
         name, _, leaf = key.strip().rpartition(".")
-        if not sep or leaf not in GATE_KEYS or (name and name not in names):
-            raise UsageError(f"cannot apply {spec!r}",
+        wrong = ("no '=' and value" if not sep
+                 else f"unknown gate key {leaf!r}{_close(leaf, GATE_KEYS)}" if leaf not in GATE_KEYS
+                 else f"the report has no eval {name!r}{_close(name, names)}" if name and name not in names else None)
+        if wrong:
+            raise UsageError(f"-s {spec}: {wrong}",
                              fix=f"write [EVAL.]KEY=VALUE with EVAL one of {', '.join(names) or '(none)'} and KEY one "
                                  f"of {', '.join(GATE_KEYS)}; VALUE none removes a threshold")
         raw = raw.strip()
@@ -93,6 +96,14 @@ def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:
         for target in [name] if name else names:
             changes[target][leaf] = value
     return changes
+
+
+def _close(word: str, valid) -> str:
+    """`` (did you mean 'x'?)`` for a near miss, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def gate_spec(record: dict, change: dict, folder: Path) -> GateSpec:
