@@ -36,7 +36,7 @@ def _top(version: Annotated[bool, typer.Option("--version", "-V", callback=_prin
     pass
 
 
-def command():
+def click_command():
     """The click command that runs `app`, its help texts escaped for Rich: a recipe's table names in them
     (`[sweep.axes]`, `[serve].workload`, `[[eval]]`) are words, which Rich's markup would drop as unknown
     styles. docs/cli.md is made from the unescaped texts."""

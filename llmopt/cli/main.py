@@ -15,7 +15,7 @@ import sys
 from llmopt.cli import bench, cp, doctor, eval, gate, init, ls, plan, run, schema, serve, validate, verify  # noqa: F401  (registers commands)
 from llmopt.cli import sweep  # noqa: F401  (registers the command)
 from llmopt.cli import tune  # noqa: F401  (registers the command)
-from llmopt.cli.app import CURRENT, command
+from llmopt.cli.app import CURRENT, click_command
 from llmopt.errors import (EXIT_CODES, EXIT_INTERRUPTED, EXIT_OK, EXIT_STDOUT_CLOSED, EXIT_USAGE, InternalError,
                            Interrupted, LlmoptError, UsageError)
 from llmopt.output import document, write_json
@@ -76,7 +76,7 @@ def _run(argv: list[str]) -> tuple[int, LlmoptError | None]:
     """Run the command; say on stderr what went wrong; return the exit code and the error."""
     debug = os.environ.get("LLMOPT_DEBUG") == "1"
     try:
-        code = command()(args=argv, prog_name="llmopt", standalone_mode=False)  # an int from typer.Exit (--help)
+        code = click_command()(args=argv, prog_name="llmopt", standalone_mode=False)  # an int from typer.Exit (--help)
         if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C inside a command into Exit(130)
             raise KeyboardInterrupt
         return (code if isinstance(code, int) else EXIT_OK), None
