@@ -57,6 +57,28 @@ def test_init_and_cp_write_recipes_that_validate(capsys, tmp_path):
     assert code == 2 and "already exists" in err
 
 
+def test_each_compress_table_of_the_starter_uncommented_validates(capsys, tmp_path):
+    """`llmopt init` offers [[compress]] tables in comments, to uncomment one: each must be a recipe, and the one
+    said to be the quickstart's must be the quickstart's."""
+    import re
+    import tomllib
+
+    from llmopt import api
+
+    text = api.STARTER.format(name="x", source="builtin:smollm2-135m")
+    blocks = re.findall(r"^# \[\[compress\]\]\n(?:# \w+ = .*\n)+", text, flags=re.M)
+    assert len(blocks) == 2, blocks
+    for index, block in enumerate(blocks):
+        body = text.replace(block, re.sub(r"^# ", "", block, flags=re.M))
+        path = tmp_path / f"{index}.toml"
+        path.write_text(body)
+        assert call(capsys, "validate", str(path))[0] == 0, capsys.readouterr()
+        steps = tomllib.loads(body)["compress"]
+        assert len(steps) == 1
+    quickstart = tomllib.loads((ROOT / "recipes" / "quickstart.toml").read_text())["compress"]
+    assert steps == quickstart  # the last block
+
+
 def test_invalid_recipe_exits_2_without_traceback(tmp_path):
     path = write_recipe(tmp_path, 'schema_version = 1\nname = "x"\n[model]\nsource = 3\n')
     result = run_cli("run", str(path), cwd=tmp_path)
