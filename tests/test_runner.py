@@ -32,6 +32,29 @@ def test_run_writes_artifact_and_second_run_is_cached(tiny_model, tmp_path, isol
     assert [r.status for r in second.records] == ["cached"] * 4
 
 
+def test_an_output_folder_of_other_files_is_refused_before_any_stage_runs(tiny_model, tmp_path, isolated_cache, capsys):
+    """The artifact replaces its folder whole: `llmopt run recipe.toml -o userdir` deleted the user's files there.
+    A folder that is not an earlier artifact (no manifest.json) and is not empty is refused at plan time."""
+    from llmopt.cli.main import main
+
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    assert main(["run", str(recipe), "-o", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert f"-o: {mine} exists and is not an earlier artifact" in err
+    assert (mine / "notes.txt").read_text() == "precious" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert not (isolated_cache / "stages").exists() or not any((isolated_cache / "stages").iterdir())  # ran nothing
+    assert main(["plan", str(recipe), "-o", str(mine)]) == 2  # the plan says so too
+    assert main(["run", str(recipe), "-o", str(mine / "notes.txt")]) == 2  # a file is not replaced either
+    assert (mine / "notes.txt").read_text() == "precious"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert api.run(recipe, output_dir=empty).plan.output_dir == empty  # an empty folder is taken
+    assert api.run(recipe, output_dir=empty).records  # and an earlier artifact is replaced
+
+
 def test_changing_only_eval_reruns_only_eval(tiny_model, tmp_path):
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
     api.run(recipe, output_dir=tmp_path / "a")

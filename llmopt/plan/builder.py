@@ -74,12 +74,17 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     if scope == "run":
         problems += cross_stage_rules(loaded, stages, builder.info, gpu)
         placed = compress_placement(loaded, stages, info, builder.info, problems)
+    default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
+    out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
+    if scope == "run" and foreign(out, "manifest.json"):
+        where = "-o" if output_dir else loaded.where("output", "dir") if recipe.output.dir else "the default output"
+        problems.append(Problem(f"{out} exists and is not an earlier artifact (no manifest.json): the run "
+                                "replaces its output folder whole, and would delete what is there", where,
+                                "pass -o a new or empty folder, or an earlier artifact's"))
     if strict:
         for problem in problems:
             problem.severity = "error"
     assign_keys(stages)
-    default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
-    out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
     plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
     plan.estimates = plan_estimates(plan, builder.info, builder.source_info) if scope == "run" else {}
     if placed is not None:
@@ -171,10 +176,18 @@ def build_gate_plan(report_path: str | Path, report: dict, specs: list, output_d
     return Plan(loaded, stages, [], None, None, {}, resolve_cache(cache_dir, loaded), out, "gate")
 
 
+def foreign(out: Path, marker: str) -> bool:
+    """``out`` is a file, or a folder of files that are not an earlier run's results (``marker`` in it):
+    results, which replace their output folder whole, would wipe them."""
+    if not out.exists():
+        return False
+    return not out.is_dir() or (any(out.iterdir()) and not (out / marker).is_file())
+
+
 def replaceable(out: Path, marker: str) -> None:
-    """Results replace their output folder whole: refuse one that holds anything but an earlier run's
-    results (``marker`` in it), so that ``-o`` cannot wipe a folder of other files."""
-    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+    """Refuse an output folder of other files than an earlier run's results (``foreign``), so that ``-o``
+    cannot wipe it."""
+    if foreign(out, marker):
         raise UsageError(f"{out} exists and holds other files than results ({marker}): they would be replaced",
                          where=str(out), fix="pass -o a new folder, or an earlier result's")
 
