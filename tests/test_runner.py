@@ -73,6 +73,18 @@ def test_force_reruns_stage_and_downstream(tiny_model, tmp_path):
 
 
 
+def test_force_of_a_name_no_stage_has_is_a_usage_error(tiny_model, tmp_path, capsys):
+    """`--force compres` (a typo) matched no stage and the run took every stage from the cache, silently."""
+    from llmopt.cli.main import main
+
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
+    assert main(["run", str(recipe), "-o", str(tmp_path / "art"), "--force", "evl"]) == 2
+    err = capsys.readouterr().err
+    assert "--force evl: no stage is named so or starts with evl." in err and "did you mean 'eval'?" in err
+    assert not (tmp_path / "art").exists()
+    assert main(["run", str(recipe), "-o", str(tmp_path / "art"), "--force", "eval", "--force", "all"]) == 0
+
+
 def test_kill_mid_stage_then_resume(tiny_model, tmp_path, isolated_cache):
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, windows=400))  # a slow eval stage to kill
     out = tmp_path / "art"

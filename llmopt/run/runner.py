@@ -27,7 +27,7 @@ from typing import Callable
 from llmopt.artifacts import artifact
 from llmopt.backends.base import StageContext
 from llmopt.libraries import collector_paused, extra_providing, package_version, pick_device
-from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed
+from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed, UsageError
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
 from llmopt.plan.stages import failure
@@ -100,6 +100,22 @@ def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
     return first is not None and plan.stages.index(stage) >= first and _downstream(stage, plan, force)
 
 
+def check_force(plan: Plan, force: list[str]) -> None:
+    """Each ``force`` name is "all", a stage's name or a prefix of names; one that matches nothing would leave
+    every stage to the cache, silently."""
+    import difflib
+
+    for name in force:
+        if name != "all" and not any(_matches(s.name, name) for s in plan.stages):
+            parts = [s.name.split(".") for s in plan.stages]
+            prefixes = {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)}
+            close = difflib.get_close_matches(name, sorted(prefixes), n=1)
+            tops = list(dict.fromkeys(p[0] for p in parts))
+            raise UsageError(f"--force {name}: no stage is named so or starts with {name}."
+                             + (f" (did you mean {close[0]!r}?)" if close else ""),
+                             fix=f"name a stage or a prefix (`llmopt plan` lists them): {', '.join(tops)}; or all")
+
+
 def _matches(name: str, pattern: str) -> bool:
     return name == pattern or name.startswith(pattern + ".")
 
@@ -116,6 +132,7 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     if plan.errors:
         raise RecipeError(f"{plan.recipe.path}: the plan has {len(plan.errors)} problem(s)", problems=plan.errors,
                           fix="fix the recipe; `llmopt plan` shows every check")
+    check_force(plan, force or [])
     for warning in (p for p in plan.problems if p.severity == "warning"):
         out.warn(str(warning))
     for name, value in QUIET_LIBRARIES.items():
