@@ -228,6 +228,16 @@ def test_eval_usage_errors(capsys, recipe, tmp_path):
     assert code == 2 and "ambiguous" in err
     code, _, err = call(capsys, "eval", str(recipe), "--candidate", str(tmp_path / "missing"))
     assert code == 2 and "model folder not found" in err
+    # the problem is the command line's, not the recipe's model.source or eval line
+    assert f"--candidate {tmp_path / 'missing'} (command line): model folder not found" in err
+    assert "fix: fix the command line" in err
+    code, _, err = call(capsys, "eval", str(recipe), "--model", str(tmp_path / "gone"))
+    assert code == 2 and f"--model {tmp_path / 'gone'} (command line): model folder not found" in err
+    code, _, err = call(capsys, "eval", str(recipe), "--candidate", "http://127.0.0.1:9/v1", "--only", "prose")
+    assert code == 2 and "--candidate http://127.0.0.1:9/v1 (command line): endpoint" in err and "does not answer" in err
+    code, _, err = call(capsys, "eval", str(recipe), "--endpoint", "http://127.0.0.1:9/v1", "--only", "prose")
+    assert code == 2 and "--endpoint http://127.0.0.1:9/v1 (command line): endpoint" in err
+    assert str(recipe) + ":" not in err.split("\n", 1)[1]  # no line of the recipe is blamed
     code, _, err = call(capsys, "gate", str(tmp_path / "nope.json"))
     assert code == 2 and "cannot read" in err
 

@@ -43,7 +43,8 @@ def test_an_output_folder_of_other_files_is_refused_before_any_stage_runs(tiny_m
     (mine / "notes.txt").write_text("precious")
     assert main(["run", str(recipe), "-o", str(mine)]) == 2
     err = capsys.readouterr().err
-    assert f"-o: {mine} exists and is not an earlier artifact" in err
+    assert f"-o {mine} (command line): {mine} exists and is not an earlier artifact" in err
+    assert "fix: fix the command line" in err
     assert (mine / "notes.txt").read_text() == "precious" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     assert not (isolated_cache / "stages").exists() or not any((isolated_cache / "stages").iterdir())  # ran nothing
     assert main(["plan", str(recipe), "-o", str(mine)]) == 2  # the plan says so too

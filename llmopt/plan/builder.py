@@ -56,7 +56,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     builder = _Builder(loaded, problems, info, gpu, cache, facts, only)
     section = recipe.model if baseline is None else recipe.model.model_copy(update={"source": str(Path(baseline).resolve())})
     pinned = pinned_stage(Path(baseline), cache, "source") if baseline is not None else None
-    source = builder.add(pinned) if pinned is not None else builder.source("source", section)
+    source = builder.add(pinned) if pinned is not None else builder.source(
+        "source", section, None if baseline is None else f"--model {baseline}")
     if scope == "run":
         target = builder.model_stages(source)
         draft = builder.draft(source)
@@ -77,7 +78,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     default = Path("artifacts") / recipe.name if scope == "run" else Path("reports") / recipe.name
     out = Path(output_dir or (recipe.output.dir if scope == "run" else None) or default)
     if scope == "run" and foreign(out, "manifest.json"):
-        where = "-o" if output_dir else loaded.where("output", "dir") if recipe.output.dir else "the default output"
+        where = (f"-o {output_dir} (command line)" if output_dir else loaded.where("output", "dir") if recipe.output.dir
+                 else "the default output")
         problems.append(Problem(f"{out} exists and is not an earlier artifact (no manifest.json): the run "
                                 "replaces its output folder whole, and would delete what is there", where,
                                 "pass -o a new or empty folder, or an earlier artifact's"))
@@ -176,6 +178,14 @@ def build_gate_plan(report_path: str | Path, report: dict, specs: list, output_d
     return Plan(loaded, stages, [], None, None, {}, resolve_cache(cache_dir, loaded), out, "gate")
 
 
+def said_by(problems: list[Problem], flag: str | None) -> list[Problem]:
+    """Problems of a model or an endpoint that a command-line option (``flag``, with its value) named: they are
+    that option's, not the recipe's model.source or eval line."""
+    for problem in problems if flag else []:
+        problem.where = f"{flag} (command line)"
+    return problems
+
+
 def foreign(out: Path, marker: str) -> bool:
     """``out`` is a file, or a folder of files that are not an earlier run's results (``marker`` in it):
     results, which replace their output folder whole, would wipe them."""
@@ -263,10 +273,11 @@ class _Builder:
         self.stages.append(stage)
         return stage
 
-    def source(self, name: str, section) -> Stage:
+    def source(self, name: str, section, flag: str | None = None) -> Stage:
+        """The stage that reads a model; ``flag``: the command-line option that named it instead of the recipe."""
         stage = Stage(name, "source", "gguf" if is_gguf(section.source) else "hf", ("model",), section)
         if self.facts:
-            self.problems += stage.impl.check(section, self.ctx(("model",)))
+            self.problems += said_by(stage.impl.check(section, self.ctx(("model",))), flag)
         stage.material = {"source": stage.impl.fingerprint(section, self.loaded.path.parent)}
         return self.add(stage)
 
@@ -355,7 +366,8 @@ class _Builder:
         if pinned is not None:
             return self.add(pinned)
         folder = model_folder(Path(candidate))
-        return self.source("candidate", self.loaded.recipe.model.model_copy(update={"source": str(folder)}))
+        return self.source("candidate", self.loaded.recipe.model.model_copy(update={"source": str(folder)}),
+                           f"--candidate {candidate}")
 
     def evals(self, source: Stage, target: Stage | None, endpoint: str | None = None, served: str | None = None):
         """Each [[eval]] on the baseline and the candidate (``target``), or on the source alone."""
@@ -375,7 +387,9 @@ class _Builder:
             for name, role, model_stage, url in roles:
                 opts = options if url is None else served_options(options, url, item)
                 if url not in checked:
-                    self.problems += registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index)))
+                    flag = None if url is None else f"{'--endpoint' if target is None else '--candidate'} {url}"
+                    self.problems += said_by(registry.get("eval", item.kind)().check(opts, self.ctx(("eval", index))),
+                                             flag)
                     checked.add(url)
                 stage = Stage(name, "eval", item.kind, ("eval", index), opts, {"model": model_stage.name},
                               {"data_sha256": digest}, role=role)

@@ -130,8 +130,10 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     """Every stage of the plan, then the artifact (scope "run") or the reports (scope "eval")."""
     out = out or Output("quiet")
     if plan.errors:
+        said = all(p.where.endswith("(command line)") for p in plan.errors)
         raise RecipeError(f"{plan.recipe.path}: the plan has {len(plan.errors)} problem(s)", problems=plan.errors,
-                          fix="fix the recipe; `llmopt plan` shows every check")
+                          fix="fix the command line's options above" if said
+                          else "fix the recipe; `llmopt plan` shows every check")
     check_force(plan, force or [])
     for warning in (p for p in plan.problems if p.severity == "warning"):
         out.warn(str(warning))
