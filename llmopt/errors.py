@@ -51,6 +51,11 @@ class Problem:
         return {"severity": self.severity, "where": self.where, "message": self.message, "hint": self.hint}
 
 
+def on_command_line(problems: list[Problem]) -> bool:
+    """Every problem is of an option given on the command line (-s, -o, --candidate, ...), none of the recipe."""
+    return all(" (command line)" in p.where for p in problems)
+
+
 class LlmoptError(Exception):
     """A user-facing error: what is wrong, where, how to fix it."""
 

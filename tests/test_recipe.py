@@ -156,6 +156,7 @@ def test_an_unknown_table_made_by_an_override_names_the_override(tmp_path):
         load_recipe(path, ["nokey.x=1"])
     (problem,) = info.value.problems
     assert problem.where == "-s nokey.x=1 (command line): nokey" and "unknown key 'nokey'" in problem.message
+    assert info.value.fix.startswith("fix the -s overrides above")  # not "edit the recipe"
     with pytest.raises(RecipeError) as info:  # a typo of a key inside a table the file has
         load_recipe(path, ["calibration.sample=8"])
     assert info.value.problems[0].where == "-s calibration.sample=8 (command line)"

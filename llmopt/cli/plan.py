@@ -27,7 +27,7 @@ def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, out
         llmopt plan my.toml --offline
     """
     from llmopt import api
-    from llmopt.errors import RecipeError
+    from llmopt.errors import RecipeError, on_command_line
 
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"  # for every library this process loads, as the variable itself does
@@ -36,7 +36,8 @@ def plan(recipe: RecipeArg, set_: SetOpt = None, cache_dir: CacheOpt = None, out
     out.result(the_plan.to_dict(), lambda c: _show(c, the_plan))
     if the_plan.errors:
         raise RecipeError(f"{the_plan.recipe.path}: {len(the_plan.errors)} check(s) failed", problems=the_plan.errors,
-                          fix="fix the recipe and plan again")
+                          fix="fix the command line's options above" if on_command_line(the_plan.errors)
+                          else "fix the recipe and plan again")
 
 
 def _show(console, the_plan) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from llmopt import registry
-from llmopt.errors import Problem, RecipeError, UsageError
+from llmopt.errors import Problem, RecipeError, UsageError, on_command_line
 from llmopt.recipe.lines import index_lines, line_of, render_path
 from llmopt.recipe.schema import Recipe
 
@@ -155,7 +155,8 @@ def validated(data: dict, path: Path, overrides=(), lines: dict | None = None) -
         raise RecipeError(
             f"{path}: {count} problem{'s' if count > 1 else ''} in the recipe",
             problems=problems,
-            fix="edit the recipe (`llmopt schema` prints every key with its description)",
+            fix=("fix the -s overrides above" if on_command_line(problems) else "edit the recipe")
+            + " (`llmopt schema` prints every key with its description)",
         )
     return loaded
 

@@ -27,7 +27,7 @@ from typing import Callable
 from llmopt.artifacts import artifact
 from llmopt.backends.base import StageContext
 from llmopt.libraries import collector_paused, extra_providing, package_version, pick_device
-from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed, UsageError
+from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed, UsageError, on_command_line
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
 from llmopt.plan.stages import failure
@@ -130,9 +130,8 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
     """Every stage of the plan, then the artifact (scope "run") or the reports (scope "eval")."""
     out = out or Output("quiet")
     if plan.errors:
-        said = all(p.where.endswith("(command line)") for p in plan.errors)
         raise RecipeError(f"{plan.recipe.path}: the plan has {len(plan.errors)} problem(s)", problems=plan.errors,
-                          fix="fix the command line's options above" if said
+                          fix="fix the command line's options above" if on_command_line(plan.errors)
                           else "fix the recipe; `llmopt plan` shows every check")
     check_force(plan, force or [])
     for warning in (p for p in plan.problems if p.severity == "warning"):
