@@ -194,3 +194,10 @@ def test_a_warning_keeps_the_recipe_s_table_names(capsys):
     err = capsys.readouterr().err
     assert "warning: [tune] cannot start vllm" in err
     assert "warning: g[32]: [serve.speculative] stays" in err
+
+
+@pytest.mark.parametrize("command", [("serve", str(ROOT / "recipes")), ("bench", "http://127.0.0.1:9")])
+def test_a_port_out_of_range_is_a_usage_error(capsys, command):
+    """`llmopt serve ARTIFACT --port 99999` was an internal error (bind(): port must be 0-65535)."""
+    code, _, err = call(capsys, *command, "--port", "99999")
+    assert code == 2 and "65535" in err and "--port" in err and "internal error" not in err

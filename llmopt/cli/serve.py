@@ -19,7 +19,7 @@ def serve(
     path: Annotated[Path, typer.Argument(help="An artifact folder (manifest.json and model/) or a model folder.",
                                          show_default=False)],
     host: Annotated[str, typer.Option(help="Address to listen on; 0.0.0.0 opens it to the network (then require a key: --api-key / LLMOPT_API_KEY).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on (0: any free one).")] = 8000,
     runtime: Annotated[str, typer.Option(help="auto (by the model's format: transformers for hf, onnxruntime for onnx), or a runtime name.")] = "auto",
     max_queue: Annotated[Optional[int], typer.Option(min=0, help="Requests that may wait while others generate; more are "
                                                      "answered 429. Default: 512 (a load generator's sweep), or the "
