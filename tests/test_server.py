@@ -612,6 +612,33 @@ def test_cli_serve_usage_errors(capsys, tmp_path, tiny_model):
         taken.listen()
         assert main(["serve", str(tiny_model), "--port", str(taken.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+    assert main(["serve", str(tiny_model), "--host", "nowhere.invalid", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot listen on nowhere.invalid" in err and "pass --host an address of this machine" in err
+    assert main(["serve", str(tiny_model), "--device", "gpu"]) == 2  # was served, on the CPU, as device "gpu"
+    assert "--device gpu: not a device" in capsys.readouterr().err
+
+
+def test_a_device_the_model_cannot_run_on_is_a_usage_error(tmp_path, tiny_model):
+    """An ONNX Runtime GenAI graph runs on the EP it was built for: `--device cuda` on a CPU graph was served on
+    the CPU while /v1/models said cuda."""
+    from llmopt.libraries import pick_device
+    from llmopt.server.model import serving_device
+
+    folder = tmp_path / "onnx"
+    folder.mkdir()
+    config = folder / "genai_config.json"
+    config.write_text(json.dumps({"model": {"decoder": {"session_options": {}}}}))
+    with pytest.raises(UsageError, match="--device cuda: this ONNX model's graph was built for cpu"):
+        serving_device("cuda", folder, "onnx")
+    assert serving_device("cpu", folder, "onnx") == serving_device("auto", folder, "onnx") == "cpu"
+    config.write_text(json.dumps({"model": {"decoder": {"session_options": {"provider_options": [{"cuda": {}}]}}}}))
+    with pytest.raises(UsageError, match="built for cuda"):
+        serving_device("cpu", folder, "onnx")
+    assert serving_device("cuda:1", folder, "onnx") == "cuda:1"
+    if pick_device() == "cpu":
+        with pytest.raises(UsageError, match="--device cuda:0: torch sees no CUDA GPU here"):
+            serving_device("cuda:0", tiny_model, "hf")
 
 
 @pytest.mark.slow  # builds an ONNX Runtime GenAI model from the tiny model (about a minute on a small CPU machine)

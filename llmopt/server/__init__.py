@@ -10,6 +10,7 @@ templates of runtimes without a transformers tokenizer. With an API key (``llmop
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from llmopt.catalog.engines import SWEEP_QUEUE
@@ -37,8 +38,10 @@ def bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError as exc:
+        taken = getattr(exc, "errno", None) in (errno.EADDRINUSE, errno.EACCES)
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                         fix="pick another --port, or stop what is using it") from None
+                         fix="pick another --port, or stop what is using it" if taken
+                         else "pass --host an address of this machine (127.0.0.1, 0.0.0.0 for every one)") from None
     return sock
 
 

@@ -186,18 +186,29 @@ def hf_tokenizer(runtime: Any, model_dir: Path):
 
 def serving_device(requested: str, model_dir: Path, fmt: str, runtime: str = "auto") -> str:
     """The device ``--device auto`` means: for an ONNX Runtime GenAI model the one its graph was built for
-    (``cuda`` for a GPU EP, else ``cpu``), for the transformers runtime the GPU when torch sees one."""
-    if requested != "auto":
-        return requested
+    (``cuda`` for a GPU EP, else ``cpu``), for the transformers runtime the GPU when torch sees one. Another
+    device is checked: cpu, cuda or cuda:N; the graph's own for an ONNX model; a GPU torch sees for cuda."""
+    import re
+
     from llmopt.runtimes import FORMAT_RUNTIME
     from llmopt.runtimes.onnx import GPU_PROVIDERS, built_for
     from llmopt.libraries import pick_device
 
     name = FORMAT_RUNTIME.get(fmt, "transformers") if runtime == "auto" else runtime
-    if name == "onnxruntime":
-        config = Path(model_dir) / "genai_config.json"
-        return "cuda" if config.is_file() and built_for(json.loads(config.read_text())) in GPU_PROVIDERS else "cpu"
-    return pick_device()
+    config = Path(model_dir) / "genai_config.json"
+    graph = built_for(json.loads(config.read_text())) if name == "onnxruntime" and config.is_file() else None
+    own = None if graph is None else "cuda" if graph in GPU_PROVIDERS else "cpu"
+    if requested == "auto":
+        return own or pick_device()
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", requested):
+        raise UsageError(f"--device {requested}: not a device", fix="pass auto, cpu, cuda or cuda:N")
+    if own is not None and requested.split(":")[0] != own:
+        raise UsageError(f"--device {requested}: this ONNX model's graph was built for {graph}, and runs there only",
+                         fix=f"leave --device auto, or export for {requested.split(':')[0]} ([export] "
+                             "execution_provider)")
+    if own is None and requested.startswith("cuda") and pick_device() != "cuda":
+        raise UsageError(f"--device {requested}: torch sees no CUDA GPU here", fix="leave --device auto, or pass cpu")
+    return requested
 
 
 def load_model(path: Path, runtime: str = "auto", device: str = "auto", max_model_len: int | None = None,
