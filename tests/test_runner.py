@@ -56,6 +56,22 @@ def test_an_output_folder_of_other_files_is_refused_before_any_stage_runs(tiny_m
     assert api.run(recipe, output_dir=empty).records  # and an earlier artifact is replaced
 
 
+def test_a_cache_or_output_that_cannot_be_written_is_a_usage_error_before_any_stage(tiny_model, tmp_path, capsys):
+    """`--cache-dir /proc/cache` and `-o /proc/foo` were internal errors, the second after every stage had run."""
+    from llmopt.cli.main import main
+
+    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["run", str(recipe), "--cache-dir", str(blocker / "cache"), "-o", str(tmp_path / "art")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the stage cache, {blocker / 'cache'}" in err and "internal error" not in err
+    assert main(["run", str(recipe), "--cache-dir", str(tmp_path / "cache"), "-o", str(blocker / "art")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the output folder, {blocker / 'art'}" in err and "pass -o a folder" in err
+    assert not (tmp_path / "cache" / "stages").exists()  # no stage ran
+
+
 def test_changing_only_eval_reruns_only_eval(tiny_model, tmp_path):
     recipe = write_recipe(tmp_path, tiny_recipe(tiny_model))
     api.run(recipe, output_dir=tmp_path / "a")

@@ -100,6 +100,23 @@ def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
     return first is not None and plan.stages.index(stage) >= first and _downstream(stage, plan, force)
 
 
+def check_writable(plan: Plan) -> None:
+    """The stage cache and the output folder's place can be written, before any stage runs: a run that could not
+    write its artifact learnt it only at the end."""
+    import tempfile
+
+    places = [(plan.cache.root, "the stage cache", plan.cache.root, "--cache-dir (or LLMOPT_CACHE)")]
+    if plan.output_dir is not None:
+        places.append((plan.output_dir.parent, "the output folder", plan.output_dir, "-o"))
+    for folder, what, named, flag in places:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            os.rmdir(tempfile.mkdtemp(prefix=".llmopt-probe-", dir=folder))
+        except OSError as exc:
+            raise UsageError(f"cannot write {what}, {named}: {exc.strerror or exc}",
+                             fix=f"pass {flag} a folder you can write") from None
+
+
 def check_force(plan: Plan, force: list[str]) -> None:
     """Each ``force`` name is "all", a stage's name or a prefix of names; one that matches nothing would leave
     every stage to the cache, silently."""
@@ -134,6 +151,7 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
                           fix="fix the command line's options above" if on_command_line(plan.errors)
                           else "fix the recipe; `llmopt plan` shows every check")
     check_force(plan, force or [])
+    check_writable(plan)
     for warning in (p for p in plan.problems if p.severity == "warning"):
         out.warn(str(warning))
     for name, value in QUIET_LIBRARIES.items():
