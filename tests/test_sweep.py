@@ -310,6 +310,17 @@ def test_when_every_variant_fails_the_sweep_exits_with_their_code_after_its_repo
     assert "nothing to score" in report["variants"][0]["reason"]
 
 
+def test_a_sweep_folder_that_cannot_be_written_is_refused_before_any_variant_runs(tiny_model, tmp_path,
+                                                                                   isolated_cache):
+    """`llmopt sweep ... -o /proc/sw` ran every variant, then failed to write the report: an internal error."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    recipe = sweep_recipe(tmp_path, tiny_model, '"eval[0].max_windows" = [4, 8]\n')
+    with pytest.raises(UsageError, match=f"cannot write the sweep folder, {blocker / 'sw'}"):
+        api.sweep(recipe, output_dir=blocker / "sw")
+    assert not (isolated_cache / "stages").exists() or not any((isolated_cache / "stages").iterdir())
+
+
 def test_a_sweep_killed_mid_way_resumes_without_repeating_finished_variants(tiny_model, tmp_path, isolated_cache):
     recipe = sweep_recipe(tmp_path, tiny_model, '"eval[0].max_windows" = [4, 100]\n', extra="")
     folder = tmp_path / "sw"

@@ -103,18 +103,22 @@ def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
 def check_writable(plan: Plan) -> None:
     """The stage cache and the output folder's place can be written, before any stage runs: a run that could not
     write its artifact learnt it only at the end."""
+    writable(plan.cache.root, "the stage cache", plan.cache.root, "--cache-dir (or LLMOPT_CACHE)")
+    if plan.output_dir is not None:
+        writable(plan.output_dir.parent, "the output folder", plan.output_dir, "-o")
+
+
+def writable(folder: Path, what: str, named: Path, flag: str) -> None:
+    """``folder`` exists (made if need be) and takes a new entry; else a UsageError about ``what`` (``named``),
+    which the option ``flag`` sets."""
     import tempfile
 
-    places = [(plan.cache.root, "the stage cache", plan.cache.root, "--cache-dir (or LLMOPT_CACHE)")]
-    if plan.output_dir is not None:
-        places.append((plan.output_dir.parent, "the output folder", plan.output_dir, "-o"))
-    for folder, what, named, flag in places:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            os.rmdir(tempfile.mkdtemp(prefix=".llmopt-probe-", dir=folder))
-        except OSError as exc:
-            raise UsageError(f"cannot write {what}, {named}: {exc.strerror or exc}",
-                             fix=f"pass {flag} a folder you can write") from None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".llmopt-probe-", dir=folder))
+    except OSError as exc:
+        raise UsageError(f"cannot write {what}, {named}: {exc.strerror or exc}",
+                         fix=f"pass {flag} a folder you can write") from None
 
 
 def check_force(plan: Plan, force: list[str]) -> None:
