@@ -121,9 +121,19 @@ def copy_recipe(name: str, dest: str | Path | None = None) -> Path:
     target = Path(dest) if dest else Path(f"{name}.toml")
     if target.is_dir():
         target = target / f"{name}.toml"
+    return write_new(target, (RECIPES_DIR / f"{name}.toml").read_text(encoding="utf-8"))
+
+
+def write_new(target: Path, text: str) -> Path:
+    """``text`` in a new file ``target``, its folders made; a UsageError where it exists or cannot be written."""
     if target.exists():
-        raise UsageError(f"{target} already exists", fix="choose another destination or remove the file")
-    shutil.copyfile(RECIPES_DIR / f"{name}.toml", target)
+        raise UsageError(f"{target} already exists", fix="choose another path or remove the file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "x", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}", fix="pass a path you can write") from None
     return target
 
 
@@ -163,11 +173,7 @@ max_increase_pct = 5
 
 
 def init(dest: str | Path, name: str = "my-recipe", source: str = "builtin:smollm2-135m") -> Path:
-    target = Path(dest)
-    if target.exists():
-        raise UsageError(f"{target} already exists", fix="choose another path or remove the file")
-    target.write_text(STARTER.format(name=name, source=source))
-    return target
+    return write_new(Path(dest), STARTER.format(name=name, source=source))
 
 
 def json_schema() -> dict:

@@ -57,6 +57,27 @@ def test_init_and_cp_write_recipes_that_validate(capsys, tmp_path):
     assert code == 2 and "already exists" in err
 
 
+def test_init_and_cp_make_missing_folders_and_say_when_they_cannot_write(capsys, tmp_path):
+    """`llmopt cp quickstart recipes/mine.toml` (cp's own example) was an internal error where recipes/ did not
+    exist; so were init and cp into a place that cannot be written."""
+    assert call(capsys, "init", str(tmp_path / "new" / "a.toml"))[0] == 0
+    assert call(capsys, "cp", "quickstart", str(tmp_path / "recipes" / "mine.toml"))[0] == 0
+    assert (tmp_path / "recipes" / "mine.toml").read_text() == (ROOT / "recipes" / "quickstart.toml").read_text()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for args in (("init", str(blocker / "a.toml")), ("cp", "quickstart", str(blocker / "b.toml"))):
+        code, _, err = call(capsys, *args)
+        assert code == 2 and f"cannot write {blocker / args[-1].rsplit('/', 1)[-1]}" in err, err
+        assert "internal error" not in err
+
+
+def test_a_recipe_that_is_not_utf8_text_is_a_recipe_error(capsys, tmp_path):
+    path = tmp_path / "binary.toml"
+    path.write_bytes(b"\xff\xfe[model]\n")
+    code, _, err = call(capsys, "validate", str(path))
+    assert code == 2 and f"{path} is not UTF-8 text" in err and "internal error" not in err
+
+
 def test_each_compress_table_of_the_starter_uncommented_validates(capsys, tmp_path):
     """`llmopt init` offers [[compress]] tables in comments, to uncomment one: each must be a recipe, and the one
     said to be the quickstart's must be the quickstart's."""

@@ -117,7 +117,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}", fix="check the path, or list shipped recipes with `llmopt ls recipes`")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                          fix="save the recipe as UTF-8 (TOML files are UTF-8)") from None
     return parse_recipe(text, path, overrides)
 
 
