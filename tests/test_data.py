@@ -48,3 +48,18 @@ def test_domain_of_user_files(tmp_path):
     assert datasets.domain("hf:wikitext:wikitext-2-raw-v1:test") is None
     with pytest.raises(UsageError, match="builtin:mix"):
         datasets.domain("builtin:nope")
+
+
+def test_a_data_file_that_is_not_utf8_is_a_usage_error_naming_it(tmp_path):
+    """Calibration or eval data, or a bench data set, in another encoding was an internal error
+    (UnicodeDecodeError) at plan time, in a stage, or in `llmopt bench --dataset`."""
+    from llmopt.bench.dataset import read_file
+
+    for name in ("latin1.txt", "latin1.jsonl"):
+        path = tmp_path / name
+        path.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+        with pytest.raises(UsageError, match=f"{path} is not UTF-8 text"):
+            datasets.load_texts(str(path))
+    with pytest.raises(UsageError, match="is not UTF-8 text"):
+        read_file(tmp_path / "latin1.jsonl")
+    assert datasets.domain(str(tmp_path / "latin1.jsonl")) is None  # the domain lookup reads what it can

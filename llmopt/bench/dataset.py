@@ -145,7 +145,9 @@ def parse_record(obj) -> Item:
 
 def read_file(path: Path) -> list[Item]:
     """The records of a .jsonl file (or a .json array); a bad record is a UsageError naming its line."""
-    text = path.read_text(encoding="utf-8")
+    from llmopt.data import read_text
+
+    text = read_text(path)
     if path.suffix == ".json":
         try:
             records = json.loads(text)

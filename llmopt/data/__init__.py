@@ -84,7 +84,7 @@ def domain(spec: str, base: Path | None = None) -> str | None:
     if path is None or path.suffix != ".jsonl" or not path.is_file():
         return None
     seen: list[str] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # only the domain field is read here
         for i, line in enumerate(f):
             if i >= 10_000:
                 break
@@ -142,6 +142,15 @@ def digest(spec: str, base: Path | None = None) -> str:
     return h.hexdigest()
 
 
+def read_text(path: Path) -> str:
+    """A local data file's text; a UsageError naming it when it is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                         fix="save the data as UTF-8") from None
+
+
 def load_texts(spec: str, text_field: str = "text", base: Path | None = None) -> list[str]:
     """Paragraphs of a .txt file (split on blank lines), or a field of each record."""
     return [str(r[text_field]) if isinstance(r, dict) else r for r in load_records(spec, base, text_field)]
@@ -152,10 +161,10 @@ def load_records(spec: str, base: Path | None = None, text_field: str = "text") 
     if path is None:
         return _load_hub(spec)
     if path.suffix == ".txt":
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
         return [p.strip() for p in text.split("\n\n") if p.strip()]
     if path.suffix in (".jsonl", ".json"):
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(path).splitlines()
         return [json.loads(line) for line in lines if line.strip()]
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
