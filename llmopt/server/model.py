@@ -187,7 +187,8 @@ def hf_tokenizer(runtime: Any, model_dir: Path):
 def serving_device(requested: str, model_dir: Path, fmt: str, runtime: str = "auto") -> str:
     """The device ``--device auto`` means: for an ONNX Runtime GenAI model the one its graph was built for
     (``cuda`` for a GPU EP, else ``cpu``), for the transformers runtime the GPU when torch sees one. Another
-    device is checked: cpu, cuda or cuda:N; the graph's own for an ONNX model; a GPU torch sees for cuda."""
+    device is checked: cpu, cuda or cuda:N; not cuda for an ONNX graph built for the CPU; for cuda otherwise, a
+    GPU torch sees."""
     import re
 
     from llmopt.runtimes import FORMAT_RUNTIME
@@ -202,10 +203,9 @@ def serving_device(requested: str, model_dir: Path, fmt: str, runtime: str = "au
         return own or pick_device()
     if not re.fullmatch(r"cpu|cuda(:\d+)?", requested):
         raise UsageError(f"--device {requested}: not a device", fix="pass auto, cpu, cuda or cuda:N")
-    if own is not None and requested.split(":")[0] != own:
-        raise UsageError(f"--device {requested}: this ONNX model's graph was built for {graph}, and runs there only",
-                         fix=f"leave --device auto, or export for {requested.split(':')[0]} ([export] "
-                             "execution_provider)")
+    if own == "cpu" and requested.startswith("cuda"):  # a GPU graph runs on the CPU EP too (its providers cleared)
+        raise UsageError(f"--device {requested}: this ONNX model's graph was built for the CPU EP",
+                         fix="leave --device auto, or export for cuda ([export] execution_provider = \"cuda\")")
     if own is None and requested.startswith("cuda") and pick_device() != "cuda":
         raise UsageError(f"--device {requested}: torch sees no CUDA GPU here", fix="leave --device auto, or pass cpu")
     return requested
