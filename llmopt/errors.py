@@ -51,6 +51,14 @@ class Problem:
         return {"severity": self.severity, "where": self.where, "message": self.message, "hint": self.hint}
 
 
+def near_name(word: str, valid) -> str:
+    """`` (did you mean 'x'?)`` for a near miss of one of ``valid``, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def on_command_line(problems: list[Problem]) -> bool:
     """Every problem is of an option given on the command line (-s, -o, --candidate, ...), none of the recipe."""
     return all(" (command line)" in p.where for p in problems)

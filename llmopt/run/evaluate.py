@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from llmopt.artifacts import reports
 
 from llmopt.scoring import gate
-from llmopt.errors import UsageError
+from llmopt.errors import UsageError, near_name
 from llmopt.output import Output
 from llmopt.plan import build_gate_plan, build_plan, is_url
 from llmopt.recipe import load_recipe
@@ -82,8 +82,8 @@ def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:
         key, sep, raw = spec.partition("=")
         name, _, leaf = key.strip().rpartition(".")
         wrong = ("no '=' and value" if not sep
-                 else f"unknown gate key {leaf!r}{_close(leaf, GATE_KEYS)}" if leaf not in GATE_KEYS
-                 else f"the report has no eval {name!r}{_close(name, names)}" if name and name not in names else None)
+                 else f"unknown gate key {leaf!r}{near_name(leaf, GATE_KEYS)}" if leaf not in GATE_KEYS
+                 else f"the report has no eval {name!r}{near_name(name, names)}" if name and name not in names else None)
         if wrong:
             raise UsageError(f"-s {spec}: {wrong}",
                              fix=f"write [EVAL.]KEY=VALUE with EVAL one of {', '.join(names) or '(none)'} and KEY one "
@@ -96,14 +96,6 @@ def parse_settings(settings: list[str], names: list[str]) -> dict[str, dict]:
         for target in [name] if name else names:
             changes[target][leaf] = value
     return changes
-
-
-def _close(word: str, valid) -> str:
-    """`` (did you mean 'x'?)`` for a near miss, else nothing."""
-    import difflib
-
-    close = difflib.get_close_matches(word, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def gate_spec(record: dict, change: dict, folder: Path) -> GateSpec:

@@ -27,7 +27,8 @@ from typing import Callable
 from llmopt.artifacts import artifact
 from llmopt.backends.base import StageContext
 from llmopt.libraries import collector_paused, extra_providing, package_version, pick_device
-from llmopt.errors import LlmoptError, MissingExtra, RecipeError, StageFailed, UsageError, on_command_line
+from llmopt.errors import (LlmoptError, MissingExtra, RecipeError, StageFailed, UsageError, near_name,
+                           on_command_line)
 from llmopt.output import Output
 from llmopt.plan import Plan, Stage
 from llmopt.plan.stages import failure
@@ -100,15 +101,15 @@ def forced(stage: Stage, plan: Plan, force: list[str]) -> bool:
     return first is not None and plan.stages.index(stage) >= first and _downstream(stage, plan, force)
 
 
-def check_writable(plan: Plan) -> None:
-    """The stage cache and the output folder's place can be written, before any stage runs: a run that could not
-    write its artifact learnt it only at the end."""
-    writable(plan.cache.root, "the stage cache", plan.cache.root, "--cache-dir (or LLMOPT_CACHE)")
-    if plan.output_dir is not None:
-        writable(plan.output_dir.parent, "the output folder", plan.output_dir, "-o")
+def check_writable(cache_root: Path, output: Path | None, what: str = "the output folder") -> None:
+    """The stage cache and the place of the output folder (``what``) can be written, before any stage runs: a run
+    (or a sweep) that could not write its results learnt it only at the end."""
+    _writable(cache_root, "the stage cache", cache_root, "--cache-dir (or LLMOPT_CACHE)")
+    if output is not None:
+        _writable(output.parent, what, output, "-o")
 
 
-def writable(folder: Path, what: str, named: Path, flag: str) -> None:
+def _writable(folder: Path, what: str, named: Path, flag: str) -> None:
     """``folder`` exists (made if need be) and takes a new entry; else a UsageError about ``what`` (``named``),
     which the option ``flag`` sets."""
     import tempfile
@@ -124,16 +125,13 @@ def writable(folder: Path, what: str, named: Path, flag: str) -> None:
 def check_force(plan: Plan, force: list[str]) -> None:
     """Each ``force`` name is "all", a stage's name or a prefix of names; one that matches nothing would leave
     every stage to the cache, silently."""
-    import difflib
-
     for name in force:
         if name != "all" and not any(_matches(s.name, name) for s in plan.stages):
             parts = [s.name.split(".") for s in plan.stages]
-            prefixes = {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)}
-            close = difflib.get_close_matches(name, sorted(prefixes), n=1)
+            prefixes = sorted({".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)})
             tops = list(dict.fromkeys(p[0] for p in parts))
             raise UsageError(f"--force {name}: no stage is named so or starts with {name}."
-                             + (f" (did you mean {close[0]!r}?)" if close else ""),
+                             f"{near_name(name, prefixes)}",
                              fix=f"name a stage or a prefix (`llmopt plan` lists them): {', '.join(tops)}; or all")
 
 
@@ -155,7 +153,7 @@ def run_plan(plan: Plan, out: Output | None = None, force: list[str] | None = No
                           fix="fix the command line's options above" if on_command_line(plan.errors)
                           else "fix the recipe; `llmopt plan` shows every check")
     check_force(plan, force or [])
-    check_writable(plan)
+    check_writable(plan.cache.root, plan.output_dir)
     for warning in (p for p in plan.problems if p.severity == "warning"):
         out.warn(str(warning))
     for name, value in QUIET_LIBRARIES.items():

@@ -78,10 +78,9 @@ class _Ledger:
 def run_sweep(sweep: SweepPlan, out: Output, executor: str = "local", jobs: int = 1, address: str | None = None,
               started: float | None = None) -> SweepResult:
     """Run every variant the plan can run, then write the report and the chosen artifact."""
-    from llmopt.run.runner import writable
+    from llmopt.run.runner import check_writable
 
-    writable(sweep.cache.root, "the stage cache", sweep.cache.root, "--cache-dir (or LLMOPT_CACHE)")
-    writable(sweep.folder.parent, "the sweep folder", sweep.folder, "-o")
+    check_writable(sweep.cache.root, sweep.folder, "the sweep folder")
     started = started if started is not None else time.monotonic() - sweep.seconds
     ledger = _Ledger(set(sweep.cached_before))
     t0 = time.monotonic()
