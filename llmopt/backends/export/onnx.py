@@ -6,7 +6,8 @@ MatMulNBits on the way (``precision``, ``block_size``, ``accuracy_level``,
 ``algo_config``...). A compressed-tensors W4A16 checkpoint from a GPTQ/AWQ/RTN
 step is first repacked, losslessly, into the AutoGPTQ layout the builder reads
 (``gptq_layout.py``), so the calibrated integers and scales reach ONNX unchanged
-instead of being re-quantized. The stage then writes the session tuning into
+instead of being re-quantized; the config the builder reads is first put in the forms it reads
+(``onnx_config.py``: RoPE per layer type, sliding windows, Phi-3's context lengths). The stage then writes the session tuning into
 ``genai_config.json``, repairs a GGUF-converted ``tokenizer.json`` whose decoder
 makes onnxruntime-genai tokenize like SentencePiece, and verifies the result
 with an ONNX Runtime profile on the chosen execution provider (``verify.json``).
@@ -27,7 +28,7 @@ from pydantic import Field, field_validator
 from llmopt.model import formats
 from llmopt.backends.base import ExportBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
-from llmopt.backends.export import gguf_layout, gptq_layout, onnx_embedding, onnx_last, onnx_size, onnx_verify
+from llmopt.backends.export import gguf_layout, gptq_layout, onnx_config, onnx_embedding, onnx_last, onnx_size, onnx_verify
 from llmopt.model.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed
@@ -229,6 +230,9 @@ class OnnxExport(ExportBackend):
         cache = str(work / "builder-cache")
         parsed = builder.parse_extra_options(None, str(source), str(out), options.precision,
                                              options.execution_provider, cache, extra)
+        adapted = onnx_config.adapt(parsed["hf_details"]["hf_config"], ctx.name)
+        if adapted:
+            ctx.log.info("config as the builder reads it: %s", "; ".join(adapted))
         builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
         if options.embedding == "int8":  # before the GGUF residuals, whose shape tensors must stay inline
             ctx.progress("quantizing the embedding table to 8 bits (GatherBlockQuantized)")
@@ -246,6 +250,7 @@ class OnnxExport(ExportBackend):
             "precision": options.precision,
             "execution_provider": options.execution_provider,
             "builder_options": extra,
+            "builder_config": adapted,
             "quantized_input": quantized,
             "embedding": onnx_embedding.describe(out / "model.onnx"),
             "tokenizer_decoder_fixed": tokenizer_fixed,

@@ -74,8 +74,9 @@ def run_steps(session, config: dict) -> None:
     present = {name: present_name(name, dec) for name in past}
     rng = np.random.default_rng(0)
     ids = rng.integers(0, config["vocab_size"], (1, PROMPT_TOKENS), dtype=np.int64)
-    feeds = {n: np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), ORT_TYPES.get(inputs[n].type, np.float32))
-             for n in past}
+    capacity = window_capacities(dec)
+    feeds = {n: np.zeros((1, dec["num_key_value_heads"], capacity.get(layer_of(n, dec), 0), dec["head_size"]),
+                         ORT_TYPES.get(inputs[n].type, np.float32)) for n in past}
     length = 0
     for _ in range(DECODE_STEPS + 1):
         length += ids.shape[1]
@@ -86,14 +87,32 @@ def run_steps(session, config: dict) -> None:
         feeds = {n: values[present[n]] for n in past}
 
 
-def present_name(past: str, dec: dict) -> str:
+def window_capacities(dec: dict) -> dict[int, int]:
+    """The KV-cache capacity of each sliding-window layer (genai_config.json's ``sliding_window``), as
+    onnxruntime-genai allocates it: such a layer's cache is a buffer of the window's size (plus ``cache_slack``)
+    from the first step, which its attention node fills and evicts in place, and refuses one smaller than the
+    window; a full layer's cache grows from empty."""
+    window = dec.get("sliding_window") or {}
+    size = int(window.get("window_size") or 0) + int(window.get("cache_slack") or 0)
+    return dict.fromkeys(window.get("layers") or [], size) if size > 0 else {}
+
+
+def past_kind_layer(past: str, dec: dict) -> tuple[str, int]:
+    """("key" or "value", layer) of a past KV-cache input name."""
     for kind in ("key", "value"):
-        pattern = dec["inputs"][f"past_{kind}_names"]
-        head, _, tail = pattern.partition("%d")
+        head, _, tail = dec["inputs"][f"past_{kind}_names"].partition("%d")
         if past.startswith(head) and past.endswith(tail):
-            layer = int(past[len(head): len(past) - len(tail)])
-            return dec["outputs"][f"present_{kind}_names"] % layer
+            return kind, int(past[len(head): len(past) - len(tail)])
     raise KeyError(past)
+
+
+def layer_of(past: str, dec: dict) -> int:
+    return past_kind_layer(past, dec)[1]
+
+
+def present_name(past: str, dec: dict) -> str:
+    kind, layer = past_kind_layer(past, dec)
+    return dec["outputs"][f"present_{kind}_names"] % layer
 
 
 def step_inputs(inputs: dict, ids: np.ndarray, length: int) -> dict:
