@@ -19,7 +19,7 @@ from conftest import tiny_recipe, write_recipe  # noqa: E402
 # [export] body -> (bits of the embedding's GatherBlockQuantized, whether its table is the LM head's)
 VARIANTS = {
     "int4": ('precision = "int4"\nlm_head = "int8"\nembedding = "int4"\n', 4, False),
-    "int8": ('precision = "int4"\nlm_head = "int8"\nembedding = "int8"\n', 8, False),
+    "int8": ('precision = "int4"\nlm_head = "int8"\nembedding = "int8"\n', 8, True),  # the tied int8 head's table
     "int8-under-fp32": ('precision = "fp32"\nembedding = "int8"\n', 8, False),
     "int4-tied-head": ('precision = "int4"\nlm_head = "int4"\n', 4, True),
 }

@@ -222,11 +222,16 @@ def test_tokenizer_decoder_fix_only_touches_the_gguf_conversion_decoder(tmp_path
 
 
 def test_an_lm_head_of_another_precision_keeps_its_own_table():
-    """A tied int8 head under an int4 body cannot share the int4 table (the builder writes a dangling input)."""
+    """An untied int8 head under an int4 body keeps its own table; a tied one is shared, the embedding reading its
+    8-bit table (``onnx_embedding.wire_shared_head``); an int8 head of asymmetric blocks is not shared."""
     from llmopt.backends.export.onnx import OnnxExportOptions, builder_extra
 
     int8_head = builder_extra(OnnxExportOptions(precision="int4", lm_head="int8"), None)
     assert "matmul_mixed_precision=last_matmul:int8" in int8_head and "shared_embeddings=false" in int8_head
+    tied = builder_extra(OnnxExportOptions(precision="int4", lm_head="int8"), None, tied=True)
+    assert {"shared_embeddings=true", "op_types_to_quantize=MatMul/Gather"} <= set(tied)
+    asymmetric = builder_extra(OnnxExportOptions(precision="int4", lm_head="int8", is_symmetric=False), None, tied=True)
+    assert "shared_embeddings=false" in asymmetric
     same = builder_extra(OnnxExportOptions(precision="int4"), None)
     assert not any(kv.startswith("shared_embeddings") for kv in same)  # the builder's own choice
 
@@ -282,17 +287,18 @@ def test_size_estimate_of_the_compressed_tensors_checkpoint(w4a16_run):
 
 
 # model.onnx.data of the tiny model as onnxruntime-genai 0.18's builder wrote it for each [export] (measured once;
-# the plan must reproduce them): tied tables shared when both are float or both int4, float32 elsewhere on the CPU
+# the plan must reproduce them): tied tables shared when both are float, both int4, or the head int8 in an int4
+# export (the embedding reads the head's 8-bit table), float32 elsewhere on the CPU
 BUILDER_BYTES = {
     'precision = "int4"': 100_608,  # shared int4 table: 512 x 64 / 2 codes + a float32 scale per 32
-    'precision = "int4"\nlm_head = "int8"': 248_064,  # float32 embedding + int8 head
+    'precision = "int4"\nlm_head = "int8"': 116_992,  # one int8 table: 512 x 64 codes + a float32 scale per 32
     'precision = "int4"\nlm_head = "float"': 342_272,
     'precision = "int4"\nis_symmetric = false\nshared_embeddings = false': 233_344,
     'precision = "int4"\nalgo_config = "k_quant"': 102_272,  # zero points even when symmetric
     'precision = "int4"\nmixed_layers = "int8"\nblock_size = 64': 102_144,  # layer 0 of 2 keeps qkv, down at 8 bits
     'precision = "int8"': 284_928,  # the builder shares 4-bit tables only: the embedding stays float32
     'precision = "int4"\nlm_head = "int8"\nembedding = "int4"': 137_472,  # 4-bit codes + a float32 scale per 32
-    'precision = "int4"\nlm_head = "int8"\nembedding = "int8"': 153_856,  # 8-bit codes + a float32 scale per 32
+    'precision = "int4"\nlm_head = "int8"\nembedding = "int8"': 116_992,  # the same table
     'precision = "int4"\nembedding = "float"': 231_680,  # the int4 head's table and a float32 one
     'precision = "fp16"': 230_016,  # everything float16, one table
 }

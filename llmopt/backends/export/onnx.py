@@ -170,6 +170,7 @@ class OnnxExport(ExportBackend):
         if shared is None:  # as builder_extra asks, else the builder's default: shared when tied
             shared = ctx.model.tie_embeddings and not (options.precision in QUANTIZED and head != options.precision) \
                 and options.embedding in ("auto", head)
+        shared = shared or (carried is None and shares_int8_head(options, head, ctx.model.tie_embeddings))
         return onnx_size.layout(options, before, ctx.model, carried, head, shared)
 
     def check(self, options: OnnxExportOptions, ctx: PlanContext) -> list[Problem]:
@@ -199,7 +200,8 @@ class OnnxExport(ExportBackend):
                               {"lm_head_quantized": False} if quantized else None) \
             if options.precision in QUANTIZED else "float"
         default_shared = info.tie_embeddings and options.shared_embeddings is not False and (
-            options.precision not in QUANTIZED or head == options.precision) and carry is None
+            options.precision not in QUANTIZED or head == options.precision) and carry is None \
+            or carry is None and shares_int8_head(options, head, info.tie_embeddings)
         problems += onnx_embedding.problems(options, info, head, default_shared, ctx, BLOCK_SIZES)
         if options.shared_embeddings and not info.tie_embeddings:
             problems.append(ctx.problem("shared_embeddings needs a model with tied embeddings (tie_word_embeddings)",
@@ -221,7 +223,8 @@ class OnnxExport(ExportBackend):
             source, quantized, residuals = prepare_gguf(carry, reader, work, ctx)
         else:
             (source, quantized), residuals = prepare_input(ctx.model_dir, options, work, ctx), None
-        extra = builder_extra(options, quantized)
+        tied = ties_embeddings(source)
+        extra = builder_extra(options, quantized, tied)
         ctx.progress(f"building ONNX ({options.precision}, {options.execution_provider})")
         os.environ.setdefault("TQDM_DISABLE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -234,7 +237,10 @@ class OnnxExport(ExportBackend):
         if adapted:
             ctx.log.info("config as the builder reads it: %s", "; ".join(adapted))
         builder.create_model(None, str(source), str(out), options.precision, options.execution_provider, cache, **parsed)
-        if options.embedding == "int8":  # before the GGUF residuals, whose shape tensors must stay inline
+        int8_shared = carry is None and shares_int8_head(options, head_precision(options, quantized), tied)
+        if int8_shared:
+            onnx_embedding.wire_shared_head(out / "model.onnx", ctx.name)
+        elif options.embedding == "int8":  # before the GGUF residuals, whose shape tensors must stay inline
             ctx.progress("quantizing the embedding table to 8 bits (GatherBlockQuantized)")
             onnx_embedding.quantize_int8(out / "model.onnx", options.block_size, work)
         if carry is not None:
@@ -383,7 +389,17 @@ def shares_embeddings(options: OnnxExportOptions, tied: bool, prequantized: bool
     if options.precision not in QUANTIZED:
         return tied and options.embedding in ("auto", "float")
     head = head_precision(options, {"lm_head_quantized": False} if prequantized else None)
-    return tied and head == options.precision and options.embedding in ("auto", head)
+    return tied and head == options.precision and options.embedding in ("auto", head) or \
+        shares_int8_head(options, head, tied)
+
+
+def shares_int8_head(options: OnnxExportOptions, head: str | None, tied: bool) -> bool:
+    """Whether the embedding of an int4 export reads its tied int8 LM head's table (one GatherBlockQuantized over
+    the head's 8-bit MatMulNBits codes and scales, ``onnx_embedding.wire_shared_head``) instead of keeping a float
+    table of its own: symmetric blocks (the 8-bit table a symmetric head writes has no zero points), the embedding
+    left auto or int8, sharing not turned off. A head carried from GGUF blocks keeps its own table."""
+    return tied and options.precision == "int4" and head == "int8" and options.embedding in ("auto", "int8") \
+        and options.shared_embeddings is not False and options.is_symmetric
 
 
 def head_precision(options: OnnxExportOptions, quantized: dict | None) -> str:
@@ -412,10 +428,13 @@ def prepare_input(model_dir: Path, options: OnnxExportOptions, work: Path, ctx: 
     return work / "gptq", {"from": "compressed-tensors", "repacked": True, **summary}
 
 
-def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[str]:
-    """KEY=VALUE options for the model builder."""
+def builder_extra(options: OnnxExportOptions, quantized: dict | None, tied: bool = False) -> list[str]:
+    """KEY=VALUE options for the model builder (``tied``: the model ties its embedding and LM head)."""
     kv = {"hf_token": "false", "hf_remote": "false"}
     head = head_precision(options, quantized) if options.precision in QUANTIZED else None
+    if not (quantized and quantized.get("from") == "gguf") and shares_int8_head(options, head, tied):
+        # the builder shares a quantized table only where it quantizes Gather too; the embedding is the head's
+        kv |= {"shared_embeddings": True, "op_types_to_quantize": "MatMul/Gather"}
     if head is not None:
         # kept GGUF blocks carry their own zero points; a Q8_0 head is symmetric
         symmetric = True if quantized and quantized.get("from") == "gguf" else options.is_symmetric
@@ -427,9 +446,9 @@ def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[st
             kv["matmul_mixed_precision"] = ",".join(mixed)
         if head == "float":
             kv["nodes_to_exclude"] = "/lm_head/MatMul"
-    shared = options.shared_embeddings
+    shared = kv.get("shared_embeddings", options.shared_embeddings)
     if shared is None and head is not None and head != options.precision:
-        shared = False  # an LM head of another precision (float, int8) keeps its own table
+        shared = False  # an LM head of another precision (float, int8 not shared above) keeps its own table
     if shared is None and options.embedding not in ("auto", head or "float"):
         shared = False  # an embedding of another precision than the head keeps its own table
     if options.embedding == "int4":
@@ -440,6 +459,13 @@ def builder_extra(options: OnnxExportOptions, quantized: dict | None) -> list[st
         kv["exclude_lm_head"] = True
     kv |= options.builder_options
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in kv.items()]
+
+
+def ties_embeddings(model_dir: Path) -> bool:
+    """Whether the model the builder reads ties its embedding and LM head (its config class's default included)."""
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.from_pretrained(model_dir), "tie_word_embeddings", False))
 
 
 def copy_tokenizer_files(src: Path, out: Path) -> None:

@@ -8,7 +8,12 @@ rows it gathers. Where the table comes from:
   onnxruntime's ``MatMulNBitsQuantizer`` turn ``/model/embed_tokens/Gather`` into a 4-bit
   ``GatherBlockQuantized`` with the body's ``block_size`` and symmetry; a tied model whose LM
   head is int4 shares that head's codes instead (``shared_embeddings``);
-* int8: the builder refuses 8-bit embeddings and ``MatMulNBitsQuantizer`` quantizes Gather to
+* int8, tied to an int8 LM head (``lm_head = "int8"`` on an int4 export): the builder, asked to share the
+  tables, writes a ``GatherBlockQuantized`` of 8 bits over the head's table but names initializers its
+  quantizer does not write (``lm_head.MatMul.weight_Q8G32`` and ``_scale``, where the symmetric 8-bit
+  MatMulNBits holds ``weight_Q8`` and ``weight_scales``); ``wire_shared_head`` points it at the head's own, so
+  the model keeps one 8-bit table (the kernel's zero point of 128 is the head's too);
+* int8 otherwise: the builder refuses 8-bit embeddings and ``MatMulNBitsQuantizer`` quantizes Gather to
   4 bits only, while the kernel reads 8-bit tables (``bits = 8``, uint8 codes, zero point 128
   when none is given). ``quantize_int8`` writes that node after the build: symmetric blocks,
   ``scale = max |w| / 127`` (Q8_0's rule; a GGUF source's Q8_0 table is not carried exactly, as
@@ -57,6 +62,31 @@ def quantize_int8(model_file: Path, block_size: int, work: Path) -> dict:
     ir.save(model, staged / model_file.name, external_data=data_name, size_threshold_bytes=0)
     for name in (model_file.name, data_name):
         shutil.move(str(staged / name), str(model_file.parent / name))
+    return describe(model_file)
+
+
+def wire_shared_head(model_file: Path, where: str) -> dict:
+    """Point the embedding's ``GatherBlockQuantized`` (and the ``Reshape`` of its table) at the initializers of
+    the LM head's MatMulNBits, whose table it shares; rewrites the graph only (the weights are unchanged) and
+    returns ``describe``'s summary. Raises StageFailed where the graph has no such pair."""
+    import onnx
+
+    from llmopt.errors import StageFailed
+
+    model = onnx.load(model_file, load_external_data=False)
+    nodes = {n.name: n for n in model.graph.node}
+    gather = next((n for n in model.graph.node if n.op_type == "GatherBlockQuantized" and n.name.startswith(EMBED_NODE)), None)
+    head = next((n for n in model.graph.node if n.op_type == "MatMulNBits" and n.name.startswith("/lm_head/")), None)
+    reshape = nodes.get(f"{EMBED_NODE}/Reshape")
+    if gather is None or head is None or reshape is None or gather.input[0] != reshape.output[0]:
+        raise StageFailed(f"{model_file.name} has no embedding GatherBlockQuantized over a Reshape of the LM head's "
+                          "table and no 8-bit LM head to share", where=where,
+                          fix="set shared_embeddings = false (the embedding keeps a float table of its own)")
+    reshape.input[0] = head.input[1]
+    del gather.input[2:]
+    gather.input.extend(head.input[2:4])  # scales, and zero points where the head has them
+    model.graph.ClearField("value_info")  # shapes the builder inferred around the misnamed inputs
+    onnx.save(model, model_file)
     return describe(model_file)
 
 

@@ -3,7 +3,8 @@
 Measured on the model builder of onnxruntime-genai 0.18 (the tiny llama of the tests and
 SmolLM2-135M):
 
-* every float tensor (embedding, float LM head, norms, rotary cos/sin caches) is in the
+* every float tensor (embedding, float LM head, norms, rotary cos/sin caches: two pairs for Gemma 3, whose
+  full and sliding layers have RoPE bases of their own) is in the
   builder's io dtype: float32 for fp32 and for int4/int8 on the CPU EP, bfloat16 for bf16,
   float16 otherwise;
 * MatMulNBits: codes of 4 or 8 bits per block of ``block_size`` columns, a scale per block
@@ -11,8 +12,8 @@ SmolLM2-135M):
   asymmetric or with ``k_quant``; a pre-quantized checkpoint keeps its own group size and
   always writes its zero points (``qzeros``); carried GGUF blocks are asymmetric 32-column
   blocks, and each Q4_1 linear adds a float32 residual per block;
-* the embedding shares one table with a tied LM head when both are float or both int4
-  (GatherBlockQuantized); otherwise the embedding is its own table: float (113 of the 212
+* the embedding shares one table with a tied LM head when both are float, both int4, or the head is int8 in an
+  int4 export (GatherBlockQuantized over the head's codes, ``onnx_embedding.wire_shared_head``); otherwise the embedding is its own table: float (113 of the 212
   MB of the quickstart: 49152 x 576 float32) or, with ``embedding``, GatherBlockQuantized
   codes of 4 or 8 bits per ``block_size`` columns with a scale per block in the io dtype
   (and a 4-bit zero point per block for asymmetric int4);
@@ -29,6 +30,7 @@ QUANTIZED = ("int4", "int8")
 IO_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 RESIDUAL_GRAPH_BYTES_PER_LAYER = 4_250  # the Q4_1 residual nodes of one layer (SmolLM2: a 391 KB graph, not 263 KB)
 GRAPHS_INDEX_BYTES = 70  # graphs.json (onnx_last)
+ROTARY_CACHES = {"gemma3_text": 2, "gemma3": 2}  # cos/sin caches of the full layers and of the sliding ones
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 
@@ -90,7 +92,8 @@ def linears(options, before: estimates.Layout, info, io: str, carried: dict | No
 
 
 def head_and_embedding(options, info, io: str, head: str, shared: bool, gguf: bool):
-    """(embedding, LM head or None) as written: one table when shared and both float or both int4."""
+    """(embedding, LM head or None) as written: one table when shared and both float, or quantized in an int4
+    export."""
     plain = estimates.float_stored(io)
     if options.exclude_lm_head:
         return embedding_table(options, io), None
@@ -99,8 +102,8 @@ def head_and_embedding(options, info, io: str, head: str, shared: bool, gguf: bo
     else:  # GGUF heads and the heads of symmetric exports have no zero points
         lm_head = nbits(options, head, io, zero_points=False if gguf else None)
     both_float = head == "float" and options.precision not in QUANTIZED
-    both_int4 = head == "int4" and options.precision == "int4"  # the builder shares 4-bit tables only
-    one_table = shared and info.tie_embeddings and (both_float or both_int4)
+    quantized = head in QUANTIZED and options.precision == "int4"  # 4-bit tables, and an 8-bit head's (wired)
+    one_table = shared and info.tie_embeddings and (both_float or quantized)
     return (lm_head, None) if one_table else (embedding_table(options, io), lm_head)
 
 
@@ -120,6 +123,7 @@ def layout(options, before: estimates.Layout, info, carried: dict | None, head: 
     io = io_dtype(options)
     embedding, lm_head = head_and_embedding(options, info, io, head, shared, carried is not None)
     rotary = 2 * (info.max_position or 4096) * (info.head_dim // 2) * estimates.DTYPE_BYTES[io]
+    rotary *= ROTARY_CACHES.get(info.model_type, 1)
     layers = info.num_layers
     files = {name: n for name, n in before.files.items() if name in TOKENIZER_FILES}
     graph = estimates.ONNX_GRAPH_BYTES + layers * estimates.ONNX_GRAPH_BYTES_PER_LAYER
