@@ -7,7 +7,8 @@ model's tokenizer. It is found here without loading the model:
   ``tokenizer.json``, read with the ``tokenizers`` library (no network);
 * a GGUF file (``builtin:smollm2-135m``): the vocabulary and merges in its header, built into
   the byte-level BPE tokenizer that transformers makes from them when it converts the file
-  (``tokenizer.ggml.model = "gpt2"`` only: a llama / SentencePiece vocabulary gives None);
+  (``tokenizer.ggml.model = "gpt2"``), or a SentencePiece vocabulary (``"llama"``) built as the
+  source stage builds it (``llmopt.model.gguf_vocab``);
 * otherwise (a hub model not downloaded yet) None, and callers estimate from characters.
 
 On the built-in sets, the GGUF-built tokenizer gives exactly the counts of the tokenizer the
@@ -28,8 +29,9 @@ _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "
 _WANTED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
 
 
-def gguf_vocabulary(path: str | Path) -> dict:
-    """The tokenizer entries of a GGUF header (model, tokens, merges, token types); other keys are skipped."""
+def gguf_vocabulary(path: str | Path, keys: tuple[str, ...] = _WANTED) -> dict:
+    """The tokenizer entries of a GGUF header (by default model, tokens, merges, token types); other keys are
+    skipped."""
     out: dict = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
@@ -40,8 +42,8 @@ def gguf_vocabulary(path: str | Path) -> dict:
             (n,) = struct.unpack_from("<Q", buf, pos)
             key = buf[pos + 8 : pos + 8 + n].decode("utf-8", "replace")
             (kind,) = struct.unpack_from("<I", buf, pos + 8 + n)
-            value, pos = _value(buf, kind, pos + 12 + n, keep=key in _WANTED)
-            if key in _WANTED:
+            value, pos = _value(buf, kind, pos + 12 + n, keep=key in keys)
+            if key in keys:
                 out[key] = value
     return out
 
@@ -71,7 +73,11 @@ def _value(buf, kind: int, pos: int, keep: bool):
 def _from_gguf(path: str, mtime: float):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    vocab = gguf_vocabulary(path)
+    from llmopt.model import gguf_vocab
+
+    vocab = gguf_vocabulary(path, _WANTED + gguf_vocab.KEYS)
+    if vocab.get("tokenizer.ggml.model") == "llama":
+        return gguf_vocab.spm_tokenizer(vocab)
     if vocab.get("tokenizer.ggml.model") != "gpt2" or not vocab.get("tokenizer.ggml.merges"):
         return None
     tokens = vocab["tokenizer.ggml.tokens"]
