@@ -1,5 +1,5 @@
-"""Generate docs/recipe.md (from the schema and every backend's options) and docs/cli.md
-(from the commands' help). ``python -m llmopt.docgen`` writes them; ``--check`` exits 1
+"""Generate docs/recipe.md (from the schema and every backend's options), docs/cli.md
+(from the commands' help) and docs/models.md (from the model-family table, llmopt/model/families.toml). ``python -m llmopt.docgen`` writes them; ``--check`` exits 1
 when the files on disk are out of date (a test runs it)."""
 
 from __future__ import annotations
@@ -112,8 +112,47 @@ def cli_md() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+MARK = {"works": "✅", "refused": "✗", "untested": "—"}
+GROUPS = [("Sources", "source."), ("Compression", "compress."), ("Draft models", "draft"), ("Exports", "export."),
+          ("Evals", "eval."), ("Serving", "deploy.")]
+
+
+def models_md() -> str:
+    """The supported-models page: a matrix a group of paths, then each family's paths with the test that shows
+    each ✅ and the reason for each ✗."""
+    from llmopt.model import families
+
+    fams, paths = families.families(), families.paths()
+    out = ["# Supported models", "", "Generated from llmopt/model/families.toml by `python -m llmopt.docgen`; do not "
+           "edit by hand.", "", "✅ works, shown by the test named below on a tiny model of the family, built from its "
+           "transformers config class (tests/families.py); ✗ refused at plan time, with the reason; — no test yet: "
+           "the plan warns. A model family not listed is refused unless the recipe sets `model.allow_untested = "
+           "true`. A family is the `model_type` of the converted checkpoint (a GGUF file's architecture is mapped "
+           "to it).", ""]
+    for title, prefix in GROUPS:
+        cols = [p for p in paths if p.startswith(prefix)]
+        names = [p.split(".", 1)[-1] for p in cols]
+        out += [f"## {title}", "", "| family | " + " | ".join(f"`{n}`" for n in names) + " |",
+                "|---|" + "---|" * len(cols)]
+        for family in fams:
+            out.append(f"| {family} | " + " | ".join(MARK[families.verdict(family, p).status] for p in cols) + " |")
+        out += ["", "; ".join(f"`{p.split('.', 1)[-1]}`: {paths[p]}" for p in cols) + ".", ""]
+    out += ["## Each family", ""]
+    for family, entry in fams.items():
+        gguf = ", ".join(f"`{g}`" for g in entry.get("gguf", [])) or "none"
+        out += [f"### {entry['label']}: `{family}`", "", f"What sets it apart: {entry['traits']}. GGUF "
+                f"architecture names: {gguf}.", ""]
+        for path in paths:
+            v = families.verdict(family, path)
+            detail = {"works": f"`{v.test}`", "refused": f"{v.why}; instead: {v.instead}" if v.instead else v.why,
+                      "untested": "no test yet"}[v.status]
+            out.append(f"- {MARK[v.status]} `{path}`: {detail}")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
 def generated() -> dict[Path, str]:
-    return {DOCS / "recipe.md": recipe_md(), DOCS / "cli.md": cli_md()}
+    return {DOCS / "recipe.md": recipe_md(), DOCS / "cli.md": cli_md(), DOCS / "models.md": models_md()}
 
 
 def main(argv: list[str]) -> int:

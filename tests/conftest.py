@@ -431,6 +431,22 @@ def sglang_python() -> str:
 
 
 @pytest.fixture(scope="session")
+def family_model(tmp_path_factory):
+    """``family_model(family)``: the folder of a tiny trained model of ``family`` (tests/families.py), made once a
+    run (``once_per_run``: under ``make test``, by the first worker that asks)."""
+    from families import make_tiny
+
+    made: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in made:
+            made[family] = once_per_run(tmp_path_factory, f"family-{family}", lambda folder: make_tiny(family, folder))
+        return made[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 

@@ -221,17 +221,15 @@ def test_estimates_follow_what_gptq_writes(tmp_path):
     assert head.estimates["weight_bytes_after"] - est["weight_bytes_after"] == grown
 
 
-def test_unknown_architecture_warns_for_quantizers_and_stops_pruning(tmp_path):
+def test_an_architecture_the_family_table_does_not_name_is_refused_for_every_method(tmp_path):
     folder = tmp_path / "gpt2ish"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
         "model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 4,
         "num_attention_heads": 8, "vocab_size": 1000}))
     (folder / "model.safetensors").write_bytes(b"")
-    assert "gptq does not support model_type 'gpt_neox'" in messages(
-        plan_of(tmp_path, folder, '[[compress]]\nmethod = "gptq"\n'), "warning")[0]
-    assert "prune_depth does not support model_type 'gpt_neox'" in messages(
-        plan_of(tmp_path, folder, '[[compress]]\nmethod = "prune_depth"\nlayers = 1\n'))[0]
+    for step in ('[[compress]]\nmethod = "gptq"\n', '[[compress]]\nmethod = "prune_depth"\nlayers = 1\n'):
+        assert "llmopt has no test of model family 'gpt_neox'" in messages(plan_of(tmp_path, folder, step))[0]
 
 
 # --- real runs on the tiny model ----------------------------------------------------------------

@@ -308,12 +308,14 @@ def read_gguf_header(path: str | Path, types: bool = False) -> tuple[dict, list[
 
 def from_gguf(path: str | Path) -> ModelInfo:
     """Read the architecture from a GGUF header; tensors are not read."""
+    from llmopt.model.families import model_type_of_gguf
+
     meta, names = read_gguf_header(path)
     arch = meta.get("general.architecture", "llama")
     hidden = int(meta[f"{arch}.embedding_length"])
     heads = int(meta[f"{arch}.attention.head_count"])
     return ModelInfo(
-        model_type=arch,
+        model_type=model_type_of_gguf(arch, int(meta.get(f"{arch}.expert_count", 0))),  # as the conversion names it
         architectures=[],
         hidden_size=hidden,
         intermediate_size=int(meta[f"{arch}.feed_forward_length"]),

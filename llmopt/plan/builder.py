@@ -19,7 +19,7 @@ from llmopt.libraries import versions
 from llmopt.model.modelinfo import ModelInfo, is_gguf
 from llmopt.plan.estimates import compress_placement, plan_estimates
 from llmopt.plan.facts import folder_facts, model_facts
-from llmopt.plan.rules import cross_stage_rules, held_out_problems
+from llmopt.plan.rules import cross_stage_rules, family_problems, held_out_problems
 from llmopt.plan.types import InPlace, Pinned, Plan, Stage
 from llmopt.recipe.load import LoadedRecipe
 from llmopt.runtimes.endpoint import served_identity
@@ -71,6 +71,7 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
         builder.gate()
     stages = builder.stages
     problems += held_out_problems(loaded, stages)
+    problems += family_problems(loaded, stages, info)
     placed = None
     if scope == "run":
         problems += cross_stage_rules(loaded, stages, builder.info, gpu)

@@ -109,3 +109,74 @@ def _handed_over(loaded: LoadedRecipe, stage: Stage, rules: dict, to: str, gpu: 
     fmt = stage.impl.produces(stage.options)
     where = loaded.where(*stage.step, "format" if stage.kind == "export" else "method")
     return compat.judge(rules, fmt, f"{stage.backend} output ({fmt.label}) {to}", where, gpu, info, tp)
+
+
+def family_problems(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo | None) -> list[Problem]:
+    """Each path the plan takes, judged by the model-family table (``llmopt.model.families``) for the source's
+    family: an error where the family cannot take it, naming why and what works instead; a warning where llmopt
+    has no test of it. For a family the table does not name, a path that rewrites the weights (a GGUF conversion,
+    a compress step, a draft, an export) is an error unless ``model.allow_untested``; reading the folder, scoring
+    it and writing an engine's launch config are a warning (the engine's own model registry decides)."""
+    from llmopt.model import families
+
+    if info is None or not info.model_type:
+        return []
+    taken = _paths_taken(loaded, stages)
+    if info.model_type not in families.families():
+        return _unknown_family(loaded, info.model_type, taken)
+    problems = []
+    for path, where in taken:
+        verdict = families.verdict(info.model_type, path)
+        what = families.paths()[path]
+        if verdict.status == "refused":
+            problems.append(Problem(f"{what} is not available for {verdict.label}: {verdict.why}", where,
+                                    f"use {verdict.instead}" if verdict.instead else ""))
+        elif verdict.status == "untested":
+            problems.append(Problem(f"llmopt has no test of {what} for {verdict.label} (docs/models.md); it may "
+                                    "fail after the stages before it have run", where, severity="warning"))
+    return problems
+
+
+REWRITES = ("source.gguf", "compress.", "draft", "export.")  # paths whose code turns the weights into others
+
+
+def _unknown_family(loaded: LoadedRecipe, model_type: str, taken: list[tuple[str, str]]) -> list[Problem]:
+    """The problem of a family the table does not name: one, at the first path that rewrites the weights (an error
+    unless model.allow_untested) or else at the source (a warning)."""
+    from llmopt.model import families
+
+    rewrites = [(path, where) for path, where in taken if path.startswith(REWRITES)]
+    allowed = loaded.recipe.model.allow_untested
+    known = ", ".join(families.families())
+    if not rewrites:
+        return [Problem(f"llmopt has no test of model family {model_type!r} (docs/models.md): its scores and launch "
+                        "configs are written as for the families it has tested", loaded.where("model", "source"),
+                        f"the families it has tested are {known}", severity="warning")]
+    path, where = rewrites[0]
+    return [Problem(f"llmopt has no test of model family {model_type!r} for {families.paths()[path]}: the stage may "
+                    "fail after hours of work, or write a model it converted wrongly", where,
+                    f"the families it has tested are {known} (docs/models.md); to run anyway, set "
+                    "model.allow_untested = true", severity="warning" if allowed else "error")]
+
+
+def _paths_taken(loaded: LoadedRecipe, stages: list[Stage]) -> list[tuple[str, str]]:
+    """(path id of the family table, where in the recipe) for each path the plan takes, each path once."""
+    recipe = loaded.recipe
+    taken: dict[str, str] = {}
+    for stage in stages:
+        if stage.kind == "source" and stage.name == "source":
+            taken.setdefault(f"source.{stage.backend}", loaded.where("model", "source"))
+        elif stage.kind == "compress":
+            path = "draft" if stage.step[0] == "draft" else f"compress.{stage.backend}"
+            taken.setdefault(path, loaded.where(*stage.step, "method"))
+        elif stage.kind == "export":
+            taken.setdefault(f"export.{stage.backend}", loaded.where("export", "format"))
+        elif stage.kind == "eval":
+            taken.setdefault(f"eval.{stage.backend}", loaded.where(*stage.step, "kind"))
+            if stage.volatile or "served" in stage.material:
+                taken.setdefault("eval.served", loaded.where(*stage.step, "kind"))
+    if recipe.compress and recipe.export.format == "hf" and any(s.kind == "compress" for s in stages):
+        taken.setdefault("export.hf", loaded.where("export", "format"))
+    for engine in recipe.serve.engines if recipe.serve is not None else []:
+        taken.setdefault(f"deploy.{engine}", loaded.where("serve", "backend"))
+    return list(taken.items())

@@ -61,6 +61,10 @@ class ModelSection(Section):
         False,
         description="Allow loading pickled weights (.bin/.pt). Off by default: only safetensors and GGUF are read.",
     )
+    allow_untested: bool = Field(
+        False, description="Plan a model family llmopt has no tests of (docs/models.md lists those it has) instead "
+        "of refusing it; its stages may fail late, or score a model converted wrongly.",
+    )
 
 
 class CalibrationSection(Section):

@@ -1,6 +1,7 @@
 """Plan-time checks shared by the compression backends (config facts only, no heavy imports).
 
-* architecture: which decoder families the backends accept;
+* (which model families each method runs on is the family table's, ``llmopt.model.families``, judged by the
+  planner);
 * group size: a group (or block) size must divide the input width of every
   layer it quantizes, else the suggestion names a size that does, or the layers
   to leave out;
@@ -25,22 +26,6 @@ from llmopt.model import estimates
 from llmopt.backends.compress._common import WIDENED_ON_CPU
 from llmopt.errors import Problem
 from llmopt.sysinfo import available_ram
-
-# Llama-style decoders: model.layers[i].{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}
-DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-# quantizers also run on these (llm-compressor / ModelOpt know them); pruning does not
-QUANTIZE_TYPES = DECODER_TYPES + ("gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "qwen2_moe",
-                                  "qwen3_moe", "mixtral", "deepseek_v3")
-
-
-def architecture(ctx, accepted: tuple[str, ...], what: str, severity: str = "error") -> list[Problem]:
-    """A problem when the model's type is not one ``what`` handles."""
-    info = ctx.model
-    if info is None or info.model_type in accepted:
-        return []
-    return [ctx.problem(f"{what} does not support model_type {info.model_type!r}", "method", severity=severity,
-                        hint=f"supported model types: {', '.join(accepted)}")]
-
 
 def not_quantized(ctx) -> list[Problem]:
     """The source must hold unquantized weights."""
@@ -180,8 +165,7 @@ def calibration_yield(ctx) -> list[Problem]:
 
 def quantizer(ctx, name: str, calibrates: bool) -> list[Problem]:
     """Checks every quantization backend runs."""
-    problems = architecture(ctx, QUANTIZE_TYPES, name, severity="warning")
-    problems += not_quantized(ctx)
+    problems = not_quantized(ctx)
     if calibrates:
         problems += calibration_data(ctx) + calibration_memory(ctx, name)
     return problems

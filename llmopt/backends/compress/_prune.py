@@ -24,9 +24,9 @@ EXTRA = "torch"
 
 
 def plan_checks(ctx, name: str) -> list[Problem]:
-    """Architecture, unquantized weights, calibration data and memory."""
-    problems = _checks.architecture(ctx, _checks.DECODER_TYPES, name)
-    problems += _checks.not_quantized(ctx)
+    """Unquantized weights, dense MLPs, calibration data and memory (the families it runs on are the family
+    table's: ``llmopt.model.families``)."""
+    problems = _checks.not_quantized(ctx)
     if ctx.model is not None and ctx.model.num_experts:
         problems.append(ctx.problem(f"{name} does not prune mixture-of-experts models", "method"))
     return problems + _checks.calibration_data(ctx) + _checks.calibration_memory(ctx, name)

@@ -85,8 +85,7 @@ class Distill(CompressBackend):
         return formats.DENSE
 
     def check(self, options: DistillOptions, ctx: PlanContext) -> list[Problem]:
-        problems = _checks.architecture(ctx, _checks.DECODER_TYPES, "distill")
-        problems += _checks.not_quantized(ctx) + _distill.order_problems(ctx)
+        problems = _checks.not_quantized(ctx) + _distill.order_problems(ctx)
         problems += _distill.data_problems(options, ctx)
         teacher = ctx.source  # the source model's config facts
         problems += _distill.teacher_problems(options, ctx, teacher) + _distill.parallel_problems(options, ctx)
