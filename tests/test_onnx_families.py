@@ -12,6 +12,9 @@
   +6.8%, qwen2 the highest); the plan's size estimate within 5% of the files written (measured: -3.9% to +1.7%);
   weights smaller than the bf16 checkpoint's; a tied model keeps one 8-bit table for its embedding and LM head,
   and its whole folder is smaller than the bf16 one.
+
+A model with windowed KV caches (sliding-window layers) is not batched by og.Engine's static engine, which fails
+prompts of different lengths on them (``onnx_batch.static_refusal``): it is served one request at a time.
 """
 
 from __future__ import annotations
@@ -136,6 +139,9 @@ def test_float_export_scores_as_pytorch(family, family_folder, cache, tmp_path):
     expected = list(hf.stream(ids, 8, stop_ids=set()))  # from position 90 on: past the 64-token window
     got = ort.generate(ids, 8, stop_ids=set())
     assert got == expected[: len(got)] and (len(got) == 8 or got[-1] in ort.eos_ids), (got, expected)
+    # og.Engine's static batch pads prompts to one length, which windowed KV caches refuse: served one at a time
+    assert (ort.batch_refusal is not None) is (family in SLIDING_LAYERS) and (ort.batch_kind is None) is (
+        family in SLIDING_LAYERS)
 
 
 @pytest.mark.parametrize("family", BUILDER_FAMILIES)
@@ -157,3 +163,33 @@ def test_int4_quickstart_path(family, family_folder, cache, tmp_path):
         assert written < folder_bytes(model), f"{family}: {written} bytes written, the bf16 folder {folder_bytes(model)}"
     else:
         assert export["embedding"]["op"] == "Gather" and not export["embedding"]["shared_with_lm_head"]
+
+
+def test_a_dynamic_engine_batches_windowed_caches_and_a_static_one_does_not():
+    from llmopt.runtimes.onnx_batch import static_refusal
+
+    windowed = {"model": {"decoder": {"sliding_window": {"window_size": 64, "layers": [0]}}}}
+    assert "prompts of different lengths" in static_refusal(windowed)
+    assert static_refusal(windowed | {"engine": {"dynamic_batching": {}}}) is None
+    assert static_refusal({"model": {"decoder": {"sliding_window": {"window_size": 64, "layers": []}}}}) is None
+
+
+def test_the_builder_is_given_rope_it_can_build_and_refused_rope_it_cannot():
+    import transformers
+
+    from llmopt.backends.export import onnx_config
+    from llmopt.errors import StageFailed
+
+    per_type = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    config = transformers.Gemma3TextConfig(num_hidden_layers=2, rope_parameters=per_type)
+    assert onnx_config.adapt(config, "export.onnx")
+    assert (config.rope_parameters["rope_type"], config.rope_theta, config.rope_local_base_freq) == ("default", 1e6, 1e4)
+    linear = per_type | {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+    with pytest.raises(StageFailed, match="sliding layers the full layers' scaling"):
+        onnx_config.adapt(transformers.Gemma3TextConfig(num_hidden_layers=2, rope_parameters=linear), "export.onnx")
+    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
+                "original_max_position_embeddings": 4096}
+    phi3 = transformers.Phi3Config(hidden_size=128, num_attention_heads=4, max_position_embeddings=131072,
+                                   original_max_position_embeddings=4096, rope_parameters=longrope)
+    assert onnx_config.adapt(phi3, "export.onnx") == [] and phi3.original_max_position_embeddings == 4096

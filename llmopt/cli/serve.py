@@ -87,8 +87,11 @@ def serve(
     scheduler = "processes" if parallel > 1 else "single"
     if max_num_seqs is not None:
         kind = getattr(served.runtime, "batch_kind", None)
+        refusal = getattr(served.runtime, "batch_refusal", None)
         if kind:
             scheduler = f"engine-{kind}"
+        elif refusal:
+            out.warn(f"--max-num-seqs: the model is not batched: {refusal}; one request generates at a time")
         else:
             out.warn(f"--max-num-seqs: the {served.runtime.name} runtime has no batching engine here (the onnxruntime "
                      "runtime with onnxruntime-genai 0.18 or later has one); one request generates at a time")

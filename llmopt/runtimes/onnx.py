@@ -144,6 +144,13 @@ class OnnxRuntime:
 
         return batch_kind(self)
 
+    @property
+    def batch_refusal(self) -> str | None:
+        """Why og.Engine cannot batch this model (llmopt/runtimes/onnx_batch.py's ``static_refusal``), or None."""
+        from llmopt.runtimes.onnx_batch import static_refusal
+
+        return static_refusal(json.loads((self.model_dir / "genai_config.json").read_text()))
+
     def batch_engine(self, max_num_seqs: int, max_length: int | None = None):
         """An og.Engine over this runtime's model, its batch capped at ``max_num_seqs`` and a request at
         ``max_length`` tokens (the model is reloaded with those settings and shared with the runtime's own

@@ -14,6 +14,13 @@ what runs together:
   and a request begun later waits inside the engine until that whole batch has finished (the
   rows of requests that have ended are computed until then). It takes no per-request seed.
 
+A model whose sliding-window layers keep bounded KV caches (``sliding_window`` in genai_config.json: the
+builder's default for Gemma 2 and 3 and Mistral on the CPU) is not batched statically: the engine pads the
+prompts of a batch to one length, which those layers' attention refuses (``seqlens_k ... is too small for
+sequence_length``), and fails every request of the batch. Such a model generates one request at a time
+(``static_refusal`` says why); exported with ``builder_options = { windowed_kv_cache = "false" }`` (full-length
+caches for those layers, the window applied in the attention) it batches.
+
 The last token of a turn comes on the event that finishes it (flags TOKEN | TURN_FINISHED);
 a turn that ends at the end-of-sequence token reports no token for it (finish ``eos``).
 Needs: onnxruntime-genai with ``Engine`` (0.18 has it), numpy.
@@ -45,6 +52,16 @@ def engine_overlay(genai_config: dict, max_num_seqs: int, max_length: int | None
     if max_length:
         overlay["search"] = {"max_length": max_length}
     return overlay, kind == "dynamic_batching"
+
+
+def static_refusal(genai_config: dict) -> str | None:
+    """Why a static engine cannot batch this model (its windowed KV caches), or None."""
+    window = genai_config.get("model", {}).get("decoder", {}).get("sliding_window") or {}
+    if not window.get("layers") or "dynamic_batching" in (genai_config.get("engine") or {}):
+        return None
+    return ("its sliding-window layers keep KV caches of the window's size, which onnxruntime-genai's static "
+            "engine fails on prompts of different lengths (export with builder_options = { windowed_kv_cache = "
+            "\"false\" } to batch it)")
 
 
 @dataclass(eq=False)
@@ -155,6 +172,8 @@ def batch_kind(runtime) -> str | None:
     if not has_engine(runtime.og):
         return None
     config = json.loads((runtime.model_dir / "genai_config.json").read_text())
+    if static_refusal(config):
+        return None
     return "dynamic" if engine_overlay(config, 1)[1] else "static"
 
 
@@ -162,11 +181,14 @@ def open_batch(runtime, max_num_seqs: int, max_length: int | None = None) -> Eng
     """An engine over ``runtime``'s generation model, reloaded with its batch capped at ``max_num_seqs`` and a
     request at ``max_length`` tokens
     (the runtime's generation and scoring use the same og.Model, the folder's full graph, and a last-position
-    graph is not loaded: one copy of the weights); None where the installed onnxruntime-genai has no Engine."""
+    graph is not loaded: one copy of the weights); None where the installed onnxruntime-genai has no Engine or
+    the model cannot be batched statically (``static_refusal``)."""
     og = runtime.og
     if not has_engine(og):
         return None
     config = json.loads((runtime.model_dir / "genai_config.json").read_text())
+    if static_refusal(config):
+        return None
     overlay, dynamic = engine_overlay(config, max_num_seqs, max_length)
     model = runtime._load(None, overlay)  # the full graph: the engine fails a last-position one (onnx_last)
     runtime.model = runtime._scoring = model

@@ -133,8 +133,12 @@ def make_scheduler(served: ServedModel, metrics: Metrics, max_queue: int, parall
         batch = opener(max_num_seqs, served.max_model_len) if opener else None
         if batch is not None:
             return BatchScheduler(served.runtime, batch, metrics, max_queue, max_num_seqs)
-        log.warning("the %s runtime has no batching engine here (onnxruntime-genai with og.Engine, 0.18 or "
-                    "later): one request generates at a time", served.runtime.name)
+        refusal = getattr(served.runtime, "batch_refusal", None)
+        if refusal:
+            log.warning("the model is not batched: %s; one request generates at a time", refusal)
+        else:
+            log.warning("the %s runtime has no batching engine here (onnxruntime-genai with og.Engine, 0.18 or "
+                        "later): one request generates at a time", served.runtime.name)
     generators = None
     if parallel > 1 and not getattr(served.runtime, "concurrent", False):
         if not getattr(served.runtime, "processes", False):
