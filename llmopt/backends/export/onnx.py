@@ -6,11 +6,12 @@ MatMulNBits on the way (``precision``, ``block_size``, ``accuracy_level``,
 ``algo_config``...). A compressed-tensors W4A16 checkpoint from a GPTQ/AWQ/RTN
 step is first repacked, losslessly, into the AutoGPTQ layout the builder reads
 (``gptq_layout.py``), so the calibrated integers and scales reach ONNX unchanged
-instead of being re-quantized; the config the builder reads is first put in the forms it reads
-(``onnx_config.py``: RoPE per layer type, sliding windows, Phi-3's context lengths). The stage then writes the session tuning into
-``genai_config.json``, repairs a GGUF-converted ``tokenizer.json`` whose decoder
-makes onnxruntime-genai tokenize like SentencePiece, and verifies the result
-with an ONNX Runtime profile on the chosen execution provider (``verify.json``).
+instead of being re-quantized; the config the builder reads is first put in the forms it
+reads (``onnx_config.py``: RoPE per layer type, sliding windows, Phi-3's context lengths).
+The stage then writes the session tuning into ``genai_config.json``, repairs a
+GGUF-converted ``tokenizer.json`` whose decoder makes onnxruntime-genai tokenize like
+SentencePiece, and verifies the result with an ONNX Runtime profile on the chosen
+execution provider (``verify.json``).
 Needs: onnxruntime-genai, onnxruntime, onnx, onnx_ir (the ``ort`` extra), torch.
 Produces: ``model/`` (format ``onnx``) and ``verify.json``.
 """
@@ -97,7 +98,8 @@ class OnnxExportOptions(Options):
     embedding: Literal["auto", "float", "int8", "int4"] = Field(
         "auto", description="Precision of the token embedding table: int8 / int4 store it as GatherBlockQuantized "
         "blocks of block_size columns (int8 symmetric; int4 as is_symmetric says). auto: the LM head's table where the builder shares "
-        "it (int4 for a tied int4 head), float otherwise. int4 needs precision = \"int4\" (the builder's own "
+        "it (int4 for a tied int4 head; int8 for a tied int8 head of symmetric blocks under an int4 body), float "
+        "otherwise. int4 needs precision = \"int4\" (the builder's own "
         "quantizer, op_types_to_quantize=MatMul/Gather); an embedding of another precision than a tied head keeps "
         "its own table.")
     shared_embeddings: bool | None = Field(
