@@ -6,6 +6,8 @@ Needs: torch, transformers (the ``torch`` extra).
 from __future__ import annotations
 
 import inspect
+import json
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -32,12 +34,17 @@ class TransformersRuntime:
         # it decompresses on its first forward pass into the checkpoint's own dtype (NVFP4's weights come out
         # bfloat16 and meet float32 activations). Not on a GPU: there the dtypes agree, and decompressing at
         # load wraps the layers in compressed-tensors' offloading, which keeps them on the CPU through .to()
-        # (an H200 run failed so: "index is on cuda:0, different from other tensors on cpu")
+        # (an H200 run failed so: "index is on cuda:0, different from other tensors on cpu"). One with routed
+        # experts stored one module each is loaded from a dense copy (``load_dequantized``), on either device
         on_cpu = not device.startswith("cuda")
-        quantized = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} \
-            if on_cpu and (checkpoint_quantization(model_dir) or {}).get("quant_method") == "compressed-tensors" else {}
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized)
+        compressed = (checkpoint_quantization(model_dir) or {}).get("quant_method") == "compressed-tensors"
+        if compressed and per_expert(model_dir):
+            model, quantized = load_dequantized(transformers, model_dir, dtype, trust_remote_code), {}
+        else:
+            quantized = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} \
+                if on_cpu and compressed else {}
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=dtype, trust_remote_code=trust_remote_code, **quantized)
         self.model = model.to(dtype=dtype) if quantized else model.to(device)
         self.model.eval()
         # whether the head can be computed at chosen positions only (most causal LMs of transformers take it)
@@ -174,6 +181,77 @@ class TransformersRuntime:
             sampler.saw([token])
             yield token
             ids = torch.tensor([[token]], device=self.device)
+
+
+def activation_scales_dropped():
+    """A compressed-tensors checkpoint converter that drops the activations' static scales (FP8 static, NVFP4),
+    which the dequantizer leaves and then refuses as orphans; the dense copy computes its activations unquantized."""
+    from compressed_tensors.entrypoints.convert import Converter
+
+    class DropActivationScales(Converter):
+        def process(self, tensors: dict) -> dict:
+            return {name: t for name, t in tensors.items() if not name.rsplit(".", 1)[-1].startswith(("input_", "output_"))}
+
+        def update_config(self, config):
+            return config
+
+        def get_dependencies(self, weight_name: str) -> set[str]:
+            return set()
+
+    return DropActivationScales()
+
+
+EXPERT_TENSOR = re.compile(r"\.experts\.\d+\.")
+
+
+def tensor_names(model_dir: Path) -> list[str]:
+    """The names of the checkpoint's tensors (from its shard index, else from the shards' headers)."""
+    from safetensors import safe_open
+
+    index = Path(model_dir) / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(shard, "pt") as f:
+            names += list(f.keys())
+    return names
+
+
+def per_expert(model_dir: Path) -> bool:
+    """Whether the checkpoint stores routed experts one module each (``mlp.experts.3.up_proj``), the layout
+    llm-compressor saves a mixture-of-experts model in, which transformers fuses into one tensor per layer as it
+    loads."""
+    return any(EXPERT_TENSOR.search(name) for name in tensor_names(model_dir))
+
+
+def load_dequantized(transformers, model_dir: Path, dtype, trust_remote_code: bool):
+    """A compressed-tensors checkpoint with per-expert weights, loaded through a dense copy that compressed-tensors'
+    own checkpoint converter writes (``CompressedTensorsDequantizer``), as an unquantized model. transformers 5.17
+    dequantizes such experts itself while it fuses them (``DecompressExperts``), and gets them wrong: it reads no
+    zero points (an asymmetric checkpoint fails to load: "Asymmetric quant requires zero-point values"), reads
+    NVFP4 experts without their global scales (perplexity x4) and takes the first config group that names modules
+    for every expert (with sensitive layers kept at 8 bits, the experts were read as 8-bit: perplexity x17). The
+    activations are not quantized on this path (transformers never quantizes a fused expert's inputs either): the
+    scores are those of the quantized weights."""
+    import tempfile
+
+    from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer, convert_checkpoint
+
+    names = tensor_names(model_dir)
+    scaled = {name.rsplit(".", 1)[0] for name in names if name.endswith(".weight_scale")}
+    # the converter reads a group targeting "Linear" as every module: the ones stored unquantized (embeddings,
+    # norms, those the recipe ignored) are named, else it looks for their scales (int8 and FP8 keep "weight")
+    plain = [name.rsplit(".", 1)[0] for name in names if name.endswith(".weight")
+             and name.rsplit(".", 1)[0] not in scaled]
+    dequantizer = CompressedTensorsDequantizer(model_dir, ignore=plain, dtype=dtype)
+    # each tensor takes the first group that matches it: the groups that name their layers (sensitive layers kept
+    # at 8 bits) go before the one targeting "Linear", as compressed-tensors ranks them on a model
+    groups = dequantizer.quant_config.config_groups
+    dequantizer.quant_config.config_groups = dict(sorted(groups.items(), key=lambda item: "Linear" in item[1].targets))
+    with tempfile.TemporaryDirectory(prefix="llmopt-dense-") as dense:
+        convert_checkpoint(model_dir, dense, [activation_scales_dropped(), dequantizer], device="cpu")
+        return transformers.AutoModelForCausalLM.from_pretrained(dense, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 class Sampler:
