@@ -108,7 +108,35 @@ def load_model(ctx, device: str, placement: str = "gpu", dtype: str | None = Non
     if device.startswith("cuda") and placement == "gpu":
         model.to(device)
     model.eval()
+    keep_expert_names(model)
     return model
+
+
+# Mixture-of-experts families whose checkpoints name each expert's linears otherwise than llm-compressor does once
+# it has split the experts into one module each (gate_proj, up_proj, down_proj): family -> (the renamings, in
+# transformers' WeightRenaming terms, from the checkpoint's names to llm-compressor's; the fused tensors they replace)
+EXPERT_NAMES = {"mixtral": ([(r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."),
+                             (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj."),
+                             (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj.")],
+                            [".experts.gate_up_proj", ".experts.down_proj"])}
+
+
+def keep_expert_names(model) -> None:
+    """Save ``model``'s experts under its family's own names (``EXPERT_NAMES``): llm-compressor 0.14 registers the
+    split layout for a few families only, and without it a Mixtral checkpoint was saved with
+    ``experts.0.gate_proj`` where Mixtral has ``experts.0.w1``, which transformers then skipped as unexpected
+    and filled with random experts (+45% perplexity, every method)."""
+    family = model.config.model_type
+    if family not in EXPERT_NAMES:
+        return
+    from llmcompressor.modeling.moe.conversion_mappings import (get_linearize_load_mappings, patch_moe_mappings,
+                                                                set_save_conversion_mapping)
+    from transformers.core_model_loading import WeightRenaming
+
+    renamings, fused = EXPERT_NAMES[family]
+    with patch_moe_mappings(family, [WeightRenaming(a, b) for a, b in renamings], remove_targets=fused):
+        _, _, save = get_linearize_load_mappings(family)
+    set_save_conversion_mapping(model, save)
 
 
 def stage_placement(ctx, pipeline: str) -> str:
@@ -157,6 +185,39 @@ def run_oneshot(ctx, model, tokenizer, recipe, rows, pipeline: str | None, out: 
     with wrap():
         oneshot(**kwargs)
     return time.monotonic() - started
+
+
+def architectures(ctx) -> list[str]:
+    """The ``architectures`` of the stage's input model (its config.json)."""
+    return list(json.loads((ctx.model_dir / "config.json").read_text()).get("architectures") or [])
+
+
+# AWQ: architectures llm-compressor 0.14's registry (AWQ_MAPPING_REGISTRY) lacks -> the registered one laid out the
+# same way. OLMo 2 normalizes after attention and the MLP, not before (as OLMo 3 does), so no norm feeds q/k/v or
+# gate/up and the default mappings fail ("no matches found for keys: {'re:.*input_layernorm$'}"); only v_proj ->
+# o_proj and up_proj -> down_proj are smoothed
+AWQ_SAME_AS = {"Olmo2ForCausalLM": "Olmo3ForCausalLM"}
+
+
+def awq_mappings(names: list[str]) -> list | None:
+    """AWQModifier's ``mappings`` for these architectures (None: llm-compressor picks its own)."""
+    from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY
+
+    same = [AWQ_SAME_AS[name] for name in names if name in AWQ_SAME_AS]
+    return AWQ_MAPPING_REGISTRY[same[0]] if same else None
+
+
+# SmoothQuant: llm-compressor 0.14 gives Gemma 2 and 3 the Llama mappings, which fold the MLP's scales into
+# post_attention_layernorm; in Gemma that norm scales the attention's output on its way into the residual, and the
+# MLP reads pre_feedforward_layernorm, so the model changed (measured: +34% and +38% perplexity on tiny models)
+GEMMA_SMOOTHQUANT = [[["re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"], "re:.*input_layernorm$"],
+                     [["re:.*gate_proj$", "re:.*up_proj$"], "re:.*pre_feedforward_layernorm$"]]
+SMOOTHQUANT_MAPPINGS = {"Gemma2ForCausalLM": GEMMA_SMOOTHQUANT, "Gemma3ForCausalLM": GEMMA_SMOOTHQUANT}
+
+
+def smoothquant_mappings(names: list[str]) -> list | None:
+    """SmoothQuantModifier's ``mappings`` for these architectures (None: llm-compressor picks its own)."""
+    return next((SMOOTHQUANT_MAPPINGS[name] for name in names if name in SMOOTHQUANT_MAPPINGS), None)
 
 
 @dataclass(frozen=True)

@@ -67,18 +67,20 @@ class AWQ(CompressBackend):
         return problems + _checks.group_size(ctx, options.group_size, options.ignore)
 
     def run(self, options: AWQOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda kept=(): build(options, kept), calibrates=True, pipeline=options.pipeline,
+        mappings = lc.awq_mappings(lc.architectures(ctx))
+        return lc.quantize(ctx, lambda kept=(): build(options, kept, mappings), calibrates=True, pipeline=options.pipeline,
                            wrap=lc.no_pinned_memory, keep=keep(options), cpu_float32=self.cpu_float32)
 
 
-def build(options: AWQOptions, kept=()) -> list:
-    """The modifiers; ``kept``: module names of the sensitive units, at 8 bits."""
+def build(options: AWQOptions, kept=(), mappings: list | None = None) -> list:
+    """The modifiers; ``kept``: module names of the sensitive units, at 8 bits; ``mappings``: AWQ's smoothing
+    mappings where llm-compressor has none for the architecture (``lc.awq_mappings``)."""
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier
 
     groups = lc.weight_scheme(4, options.group_size, options.symmetric)
     if kept:
         groups |= lc.kept_group(kept, options.group_size)
-    return [AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid),
+    return [AWQModifier(duo_scaling=options.duo_scaling, n_grid=options.n_grid, mappings=mappings),
             QuantizationModifier(config_groups=groups, ignore=options.ignore,
                                  kv_cache_scheme=lc.kv_cache_scheme(options.kv_cache))]

@@ -50,14 +50,17 @@ class Int8SmoothQuant(CompressBackend):
         return _checks.quantizer(ctx, "int8_sq", calibrates=True) + _checks.gpu_compute(ctx, (7, 5), "INT8")
 
     def run(self, options: Int8SQOptions, ctx: StageContext) -> dict:
-        return lc.quantize(ctx, lambda: build(options), calibrates=True, pipeline=options.pipeline,
+        mappings = lc.smoothquant_mappings(lc.architectures(ctx))
+        return lc.quantize(ctx, lambda: build(options, mappings), calibrates=True, pipeline=options.pipeline,
                            cpu_float32=self.cpu_float32)
 
 
-def build(options: Int8SQOptions) -> list:
+def build(options: Int8SQOptions, mappings: list | None = None) -> list:
+    """SmoothQuant then GPTQ; ``mappings``: where llm-compressor's own are wrong for the architecture
+    (``lc.smoothquant_mappings``)."""
     from llmcompressor.modifiers.quantization import GPTQModifier
     from llmcompressor.modifiers.transform import SmoothQuantModifier
 
-    return [SmoothQuantModifier(smoothing_strength=options.smoothing_strength),
+    return [SmoothQuantModifier(smoothing_strength=options.smoothing_strength, mappings=mappings),
             GPTQModifier(targets="Linear", scheme="W8A8", ignore=options.ignore, dampening_frac=options.dampening_frac,
                          kv_cache_scheme=lc.kv_cache_scheme(options.kv_cache))]
