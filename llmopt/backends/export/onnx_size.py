@@ -104,6 +104,10 @@ def head_and_embedding(options, info, io: str, head: str, shared: bool, gguf: bo
     both_float = head == "float" and options.precision not in QUANTIZED
     quantized = head in QUANTIZED and options.precision == "int4"  # 4-bit tables, and an 8-bit head's (wired)
     one_table = shared and info.tie_embeddings and (both_float or quantized)
+    if one_table and quantized:
+        from dataclasses import replace
+
+        lm_head = replace(lm_head, what=f"{lm_head.what}: the LM head's, which the embedding's GatherBlockQuantized reads")
     return (lm_head, None) if one_table else (embedding_table(options, io), lm_head)
 
 
