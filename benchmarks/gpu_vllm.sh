@@ -116,6 +116,20 @@
 # the target, the draft made from the source as before; its baseline is fp8-off (GV_SPEC_MODELS="bf16 fp8 draft
 # draft-fp8" with GV_SPEC_NGRAM=4 is the BF16 and FP8 table: off, ngram 4 and the draft, each).
 #
+# The variant `families` is tiny models of other families than Llama served by vLLM from llmopt's launch configs
+# (docs/benchmarks.md, "Other model families on vLLM"): for each of GV_FAMILIES ("qwen3 gemma3_text phi3 gemma2
+# qwen3_moe mixtral"), `llmopt run benchmarks/families-vllm.toml -s model.source=<the family's folder>` (BF16 as
+# built; the families of GV_FAMILY_FP8, "qwen3 gemma3_text phi3", once more with compress=[{method="fp8"}]) for
+# the machine's GPU (GV_GPU, else H100-SXM-80GB or H200 as nvidia-smi names it), the runs of a kind side by side;
+# then `benchmarks/tiny_families.py ask` starts each artifact's vLLM from its deploy/vllm/launch.sh, one at a time,
+# and keeps its answers to three completions and one chat request with the engine's log lines that name the
+# architecture and the attention backend (fam/NAME.json, fam/NAME/engine.log in vllm-h200.tgz). A BF16 family
+# whose engine fails is tried again at hidden 256, head_dim 64 where .gpu/families-wide has it. The models are
+# built here (`python benchmarks/tiny_families.py build .gpu/families qwen3 ...`, and `... build
+# .gpu/families-wide ... --wide`; tests/families.py, about a minute each on one CPU thread) and `pack` carries them;
+# `GV_LEAN=1 bash benchmarks/gpu_vllm.sh pack` with .whl/ holding llmcompressor's set and pydantic's (above, less
+# the demo GGUF, onnxruntime and ModelOpt) made four parts. No bench: GV_VARIANTS=families alone.
+#
 # Settings (environment): GV_VARIANTS (default "bf16 fp8 gptq awq int8"), GV_CONCURRENCY (1,8,32,128),
 # GV_REQUESTS (128 a point), GV_C_<variant> and GV_N_<variant> (one variant's own points and requests, "-" as
 # "_": GV_C_fp8_8b=64,128), GV_REPEATS (the artifact's [bench] repeats when unset; figures are the
@@ -202,6 +216,43 @@ tune_step() {  # the variant `tune` (header): the FP8 artifact at a heavy load, 
   say "tune: tune exit $? in $(( $(date +%s) - t )) s"
 }
 
+families_step() {  # the variant `families` (header): tiny models of other families, each served from its launch config
+  local f gpu=${GV_GPU:-} t pairs=() failed=() wide=()
+  [ -n "$gpu" ] || case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
+    *H100*) gpu=H100-SXM-80GB ;; *) gpu=H200 ;; esac
+  fam_run() {  # NAME SOURCE [MORE -s ...]: llmopt run of the families recipe into art/NAME
+    local name=$1 src=$2; shift 2
+    python3 -m llmopt run benchmarks/families-vllm.toml -s model.source="$src" -s target.gpu="$gpu" "$@" \
+      -o "$W/art/$name" --format json > "$W/runs/$name.run.json" 2> "$W/runs/$name.run.log"
+    echo "$(date -u +%H:%M:%S) $name: run exit $?" >> "$W/progress.log"
+    cp "$W/art/$name/deploy/vllm/launch.sh" "$W/runs/$name.launch.sh" 2>/dev/null
+    cp "$W/art/$name/deploy/vllm/config.yaml" "$W/runs/$name.config.yaml" 2>/dev/null
+  }
+  say "families: llmopt run on $gpu: ${GV_FAMILIES:-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral} (fp8: ${GV_FAMILY_FP8-qwen3 gemma3_text phi3})"
+  t=$(date +%s)
+  for f in ${GV_FAMILIES:-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral}; do
+    fam_run "fam-$f" "$K/families/$f" & pairs+=("fam-$f=$W/art/fam-$f")
+  done
+  wait  # the FP8 runs after: they share each BF16 run's source stage in the cache
+  for f in ${GV_FAMILY_FP8-qwen3 gemma3_text phi3}; do
+    fam_run "fam-$f-fp8" "$K/families/$f" -s 'compress=[{method="fp8"}]' & pairs+=("fam-$f-fp8=$W/art/fam-$f-fp8")
+  done
+  wait
+  say "families: runs done in $(( $(date +%s) - t )) s"
+  t=$(date +%s)
+  python3 benchmarks/tiny_families.py ask "$W/fam" "${pairs[@]}" > "$W/fam.log" 2>&1
+  say "families: ask exit $? in $(( $(date +%s) - t )) s"
+  for f in ${GV_FAMILIES:-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral}; do  # a failed engine: the wide model
+    grep -q '"ok": true' "$W/fam/fam-$f.json" 2>/dev/null || { [ -d "$K/families-wide/$f" ] && failed+=("$f"); }
+  done
+  [ ${#failed[@]} -gt 0 ] || return 0
+  say "families: again at hidden 256, head_dim 64: ${failed[*]}"
+  for f in "${failed[@]}"; do fam_run "fam-$f-wide" "$K/families-wide/$f" & wide+=("fam-$f-wide=$W/art/fam-$f-wide"); done
+  wait
+  python3 benchmarks/tiny_families.py ask "$W/fam" "${wide[@]}" >> "$W/fam.log" 2>&1
+  say "families: wide ask exit $?"
+}
+
 spec_step() {  # the variant `spec` (header): speculative decoding on text workloads, one engine start per launch
   local m k base targets=() t ks ngram=${GV_SPEC_NGRAM:-4 8} first=
   for m in ${GV_SPEC_MODELS:-fp8 bf16}; do
@@ -249,6 +300,7 @@ case $cmd in
       cp .whl/*.whl "$stage/site/"
     fi
     [ -d .gpu/tokenizer ] && cp -r .gpu/tokenizer "$stage/tokenizer"  # the 8B variants' (lean or not)
+    for d in families families-wide; do [ -d .gpu/$d ] && cp -r .gpu/$d "$stage/$d"; done  # the variant families'
     if [ -z "${GV_LEAN:-}" ] && ls .gpu/ort/onnxruntime_gpu-*.whl > /dev/null 2>&1; then
       mkdir -p "$stage/ort" && (cd "$stage/ort" && unzip -q "$repo"/.gpu/ort/onnxruntime_gpu-*.whl)
       tar -cf - -C "$stage/ort" . | xz -9e -T2 > "$stage/ort.tar.xz" && rm -rf "$stage/ort"
@@ -324,6 +376,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
     for v in ${GV_VARIANTS:-bf16 fp8 gptq awq int8}; do
       [ "$v" = tune ] && { tune_step; continue; }
       [ "$v" = spec ] && { spec_step; continue; }
+      [ "$v" = families ] && { families_step; continue; }
       if [ "$v" = sweep ]; then  # the variant `sweep` (header): llmopt sweep, its own report, no bench
         say "sweep: llmopt sweep ${GV_SWEEP:-benchmarks/quickstart-4bit.toml}"
         t=$(date +%s)
@@ -394,7 +447,7 @@ print(make_model("8b", Path(sys.argv[1]), Path(sys.argv[2])))' $K/tokenizer "$W/
         sweep.json sweep.log sweep/report.json sweep/report.md sweep/variants/*/reports/report.json \
         spec.log spec/summary.json spec/*/points.jsonl spec/*/answers-*.jsonl spec/*/engine.log spec/*/*/bench.json \
         veval.log veval/*.json veval/*/report/report.json veval/*/report/report.md veval/*/engine.log \
-        ceval/*.json ceval/*.log ceval/*/report.json ceval/*/report.md 2>/dev/null))
+        ceval/*.json ceval/*.log ceval/*/report.json ceval/*/report.md fam.log fam/*.json fam/*/engine.log 2>/dev/null))
     [ -d "$W/cache/tune" ] && (cd "$W" && tar -czf "$OUT/tune.tgz" --exclude=requests.jsonl cache/tune \
       $(ls -d tune.json tune.log tune 2>/dev/null))
     cp "$W/progress.log" "$OUT/log.txt" 2>/dev/null; ls -la "$OUT" ;;
