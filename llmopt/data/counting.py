@@ -8,7 +8,7 @@ model's tokenizer. It is found here without loading the model:
 * a GGUF file (``builtin:smollm2-135m``): the vocabulary and merges in its header, built into
   the byte-level BPE tokenizer that transformers makes from them when it converts the file
   (``tokenizer.ggml.model = "gpt2"``), or a SentencePiece vocabulary (``"llama"``) built as the
-  source stage builds it (``llmopt.model.gguf_vocab``);
+  source stage builds it (``llmopt.data.gguf_vocab``);
 * otherwise (a hub model not downloaded yet) None, and callers estimate from characters.
 
 On the built-in sets, the GGUF-built tokenizer gives exactly the counts of the tokenizer the
@@ -73,7 +73,7 @@ def _value(buf, kind: int, pos: int, keep: bool):
 def _from_gguf(path: str, mtime: float):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    from llmopt.model import gguf_vocab
+    from llmopt.data import gguf_vocab
 
     vocab = gguf_vocabulary(path, _WANTED + gguf_vocab.KEYS)
     if vocab.get("tokenizer.ggml.model") == "llama":
