@@ -10,6 +10,8 @@ source. Every case failed before, loudly or silently:
 * Mixtral: the checkpoint named its experts gate_proj / up_proj / down_proj, which transformers skipped and
   filled with random experts (+45%, every method);
 * SmoothQuant on Gemma 2 folded the MLP's scales into the norm of the attention's output (+34%).
+
+And width pruning narrows Phi-3's fused gate_up_proj (it refused: "no gate/up/down MLP").
 """
 
 from __future__ import annotations
@@ -114,3 +116,28 @@ def test_a_mixtral_checkpoint_keeps_mixtral_s_expert_names(lab):
 def test_smoothquant_on_gemma2_scales_the_norm_the_mlp_reads(lab):
     sq = lab.run("gemma2", "int8-sq", '[[compress]]\nmethod = "int8_sq"\n')
     assert abs(sq.increase_pct) < 5, sq.increase_pct
+
+
+def test_width_pruning_narrows_phi3_s_fused_gate_up_projection():
+    """The narrowed MLP computes what the whole one does with the dropped neurons' down_proj columns zeroed."""
+    import copy
+
+    import torch
+    import transformers
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    from llmopt.backends.compress.prune_width import shrink_mlp
+
+    torch.manual_seed(0)
+    mlp = Phi3MLP(transformers.Phi3Config(hidden_size=32, intermediate_size=64, num_attention_heads=2))
+    keep = torch.randperm(64)[:32].sort().values
+    masked = copy.deepcopy(mlp)
+    dropped = sorted(set(range(64)) - set(keep.tolist()))
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        masked.down_proj.weight[:, dropped] = 0
+        expected = masked(x)
+        shrink_mlp(mlp, keep)
+        got = mlp(x)
+    assert mlp.gate_up_proj.weight.shape == (64, 32) and mlp.down_proj.weight.shape == (32, 32)
+    torch.testing.assert_close(got, expected)

@@ -1,7 +1,7 @@
 """Compress: width pruning, shrinking every MLP's intermediate size by neuron importance.
 
-A neuron of a decoder layer's MLP is one row of gate_proj and up_proj and one
-column of down_proj. Its importance is the mean magnitude of its activation (the
+A neuron of a decoder layer's MLP is one row of gate_proj and up_proj (of each half
+of Phi-3's fused gate_up_proj) and one column of down_proj. Its importance is the mean magnitude of its activation (the
 input of down_proj) over the calibration tokens, times the norm of its down_proj
 column (how much it can move the output). Every layer keeps its most important
 neurons; all layers keep the same number, a multiple of ``multiple_of`` (64 by
@@ -107,8 +107,9 @@ def neuron_scores(model, batches, progress=None) -> list:
     handles = []
     for index, layer in enumerate(layers):
         mlp = getattr(layer, "mlp", None)
-        if mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
-            raise StageFailed(f"layer {index} has no gate/up/down MLP; prune_width handles Llama-style MLPs only")
+        if mlp is None or not gated(mlp):
+            raise StageFailed(f"layer {index} has no gate/up/down MLP; prune_width handles Llama-style MLPs only "
+                              "(gate_proj and up_proj, or Phi-3's fused gate_up_proj)")
         handles.append(mlp.down_proj.register_forward_pre_hook(capture(index)))
     with _prune.hooks(handles):
         _prune.forward_all(model, batches, progress)
@@ -116,16 +117,29 @@ def neuron_scores(model, batches, progress=None) -> list:
         return [(s / c) * layer.mlp.down_proj.weight.float().norm(dim=0) for s, c, layer in zip(sums, counts, layers)]
 
 
+def gated(mlp) -> bool:
+    """Whether ``mlp`` is a gated MLP this backend narrows: gate_proj, up_proj and down_proj, or Phi-3's
+    gate_up_proj (the gate's rows, then the up projection's) and down_proj."""
+    parts = ("gate_up_proj",) if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj")
+    return all(hasattr(mlp, name) for name in (*parts, "down_proj"))
+
+
 def shrink_mlp(mlp, keep) -> None:
-    """Keep the neurons ``keep`` (sorted indices) of a gate/up/down MLP, in place."""
+    """Keep the neurons ``keep`` (sorted indices) of a gate/up/down MLP, in place; of a fused gate_up_proj, the
+    rows ``keep`` of its gate half and of its up half."""
     torch = require("torch", _prune.EXTRA, "prune_width")
+    if hasattr(mlp, "gate_up_proj"):
+        width = mlp.down_proj.in_features
+        rows = {"gate_up_proj": torch.cat([keep, keep + width])}
+    else:
+        rows = {"gate_proj": keep, "up_proj": keep}
     with torch.no_grad():
-        for name in ("gate_proj", "up_proj"):
+        for name, kept in rows.items():
             linear = getattr(mlp, name)
-            linear.weight = torch.nn.Parameter(linear.weight[keep].clone())
+            linear.weight = torch.nn.Parameter(linear.weight[kept].clone())
             if linear.bias is not None:
-                linear.bias = torch.nn.Parameter(linear.bias[keep].clone())
-            linear.out_features = len(keep)
+                linear.bias = torch.nn.Parameter(linear.bias[kept].clone())
+            linear.out_features = len(kept)
         down = mlp.down_proj
         down.weight = torch.nn.Parameter(down.weight[:, keep].clone())
         down.in_features = len(keep)
