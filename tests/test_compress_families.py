@@ -141,3 +141,29 @@ def test_width_pruning_narrows_phi3_s_fused_gate_up_projection():
         got = mlp(x)
     assert mlp.gate_up_proj.weight.shape == (64, 32) and mlp.down_proj.weight.shape == (32, 32)
     torch.testing.assert_close(got, expected)
+
+
+def test_depth_pruning_renumbers_the_dense_layers_of_a_qwen_moe(tmp_path):
+    """Qwen 3 MoE names its dense layers by index (mlp_only_layers, decoder_sparse_step): after a cut, the saved
+    config gives every kept layer the MLP it had, and the reloaded model computes what the cut one did."""
+    import torch
+    import transformers
+
+    from llmopt.backends.compress.prune_depth import drop_layers
+
+    config = transformers.Qwen3MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                                         num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, vocab_size=64, num_experts=4, num_experts_per_tok=2,
+                                         decoder_sparse_step=2, mlp_only_layers=[3])
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(config).eval()  # routed: layer 1 only (3 is named dense)
+    drop_layers(model, [0])
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path).eval()
+    saved = reloaded.config
+    assert (saved.num_hidden_layers, saved.mlp_only_layers, saved.decoder_sparse_step) == (3, [1, 2], 1)
+    kinds = [type(layer.mlp).__name__ for layer in reloaded.model.layers]
+    assert kinds == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeMLP"], kinds
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -134,7 +134,24 @@ def drop_layers(model, dropped: list[int]) -> None:
     model.model.layers = torch.nn.ModuleList(kept)
     config = model.config
     old = config.num_hidden_layers
+    dense = dense_layers(config)
     config.num_hidden_layers = len(kept)
     for key, value in list(vars(config).items()):  # per-layer lists (layer_types, ...)
-        if isinstance(value, list) and len(value) == old and key != "architectures":
+        if isinstance(value, list) and len(value) == old and key != "architectures" and key != "mlp_only_layers":
             setattr(config, key, [v for i, v in enumerate(value) if i not in set(dropped)])
+    if dense is not None:  # the kept dense layers by their new numbers; every other layer routed
+        remaining = [i for i in range(old) if i not in set(dropped)]
+        config.mlp_only_layers = [new for new, i in enumerate(remaining) if i in dense]
+        config.decoder_sparse_step = 1
+
+
+def dense_layers(config) -> set[int] | None:
+    """Of a Qwen mixture-of-experts config, the layers with a dense MLP: those ``mlp_only_layers`` names, and
+    those ``decoder_sparse_step`` skips (a layer is routed where (index + 1) % step == 0). Both count layers by
+    index, so dropping layers renumbers them. None for other configs."""
+    if getattr(config, "mlp_only_layers", None) is None:
+        return None
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    experts = getattr(config, "num_experts", 0) or 0
+    return {i for i in range(config.num_hidden_layers)
+            if i in config.mlp_only_layers or not (experts > 0 and (i + 1) % step == 0)}
