@@ -9,7 +9,8 @@ source. Every case failed before, loudly or silently:
   experts failed to load the first and read the second at the wrong width (perplexity x17);
 * Mixtral: the checkpoint named its experts gate_proj / up_proj / down_proj, which transformers skipped and
   filled with random experts (+45%, every method);
-* SmoothQuant on Gemma 2 folded the MLP's scales into the norm of the attention's output (+34%).
+* SmoothQuant on Gemma 2 folded the MLP's scales into the norm of the attention's output (+34%);
+* a ModelOpt export of a MoE (Qwen 3 MoE): its experts' input scales named modules the loaded model no longer has.
 
 And width pruning narrows Phi-3's fused gate_up_proj (it refused: "no gate/up/down MLP").
 """
@@ -103,6 +104,12 @@ def test_int4_experts_with_zero_points_or_kept_layers_reload_as_quantized(lab):
     awq = lab.run("qwen3_moe", "awq-kept", '[[compress]]\nmethod = "awq"\ngroup_size = 32\nn_grid = 4\n'
                   'sensitive_layers = 2\n')
     assert abs(awq.increase_pct) < 10, awq.increase_pct
+
+
+def test_a_modelopt_export_of_a_moe_is_scored(lab):
+    # the experts' input scales have no module to go to once transformers fuses the experts: they were an error
+    fp8 = lab.run("qwen3_moe", "modelopt-fp8", '[[compress]]\nmethod = "modelopt_fp8"\n')
+    assert abs(fp8.increase_pct) < 10, fp8.increase_pct
 
 
 def test_a_mixtral_checkpoint_keeps_mixtral_s_expert_names(lab):

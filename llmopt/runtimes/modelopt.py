@@ -12,7 +12,8 @@ quantization the engine applies: FP8 or INT8 per tensor, or NVFP4 (dynamic E2M1
 blocks of 16 with FP8 block scales under the exported global scale). So the scores
 come from the artifact's bytes and scales, in plain PyTorch (ModelOpt's own NVFP4
 fake quantization needs CUDA; this does not). Not emulated: the KV-cache scales
-(``k_scale`` / ``v_scale``, reported by the stage).
+(``k_scale`` / ``v_scale``, reported by the stage), and the input quantization of
+routed experts, which transformers fuses into one module per layer.
 Needs: torch, transformers, safetensors (the ``torch`` extra).
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from llmopt.libraries import require
 from llmopt.errors import StageFailed
+from llmopt.runtimes.hf import EXPERT_TENSOR
 
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "k_scale", "v_scale")
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -66,7 +68,10 @@ def read_quant_config(model_dir: Path) -> dict:
 
 
 def dequantize_folder(src: Path, dst: Path, quant: dict) -> dict[str, dict]:
-    """Write a plain checkpoint of ``src`` into ``dst``; return each linear's input scales by module name."""
+    """Write a plain checkpoint of ``src`` into ``dst``; return each linear's input scales by module name. Routed
+    experts (``mlp.experts.3.up_proj``) are fused into one tensor per layer as transformers loads them, so no
+    module is left to quantize their inputs: an expert's ``pre_quant_scale`` is folded into its weight, its
+    ``input_scale`` is not applied (its scores are those of the quantized weights)."""
     safetensors = require("safetensors.torch", "torch", "the ModelOpt runtime", package="safetensors")
     inputs: dict[str, dict] = {}
     dropped: set[str] = set()
@@ -75,12 +80,15 @@ def dequantize_folder(src: Path, dst: Path, quant: dict) -> dict[str, dict]:
         out = {}
         for key, tensor in tensors.items():
             module, _, leaf = key.rpartition(".")
+            expert = EXPERT_TENSOR.search(key) is not None
             if leaf in SCALE_SUFFIXES:
-                if leaf in ("input_scale", "pre_quant_scale"):
+                if leaf in ("input_scale", "pre_quant_scale") and not expert:
                     inputs.setdefault(module, {})[leaf] = tensor.float()
                 dropped.add(key)
             elif leaf == "weight" and f"{module}.weight_scale" in tensors:
                 out[key] = dequantize(tensor, tensors, module, quant)
+                if expert and f"{module}.pre_quant_scale" in tensors:  # x * s @ W.T == x @ (W * s).T
+                    out[key] = out[key] * tensors[f"{module}.pre_quant_scale"].float()
             else:
                 out[key] = tensor
         safetensors.save_file(out, str(dst / shard.name), metadata={"format": "pt"})
