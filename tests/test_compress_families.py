@@ -1,4 +1,5 @@
-"""Compression on tiny models of the families whose layout differs from Llama's (tests/families.py), CPU.
+"""Compression on tiny models of the families whose layout differs from Llama's (tests/families.py, through the
+``family_model`` fixture, which tests/test_families.py shares), CPU.
 
 Each test runs a recipe through ``llmopt.api.run`` (calibration: 8 rows of 64 tokens; eval: 4 windows of 64
 tokens of builtin:prose-eval) and checks that the candidate, loaded back from disk, scores within a few % of the
@@ -23,8 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import module_folder, once_per_run
-from families import make_tiny
+from conftest import module_folder
 from llmopt import api
 
 HEADER = """\
@@ -63,13 +63,8 @@ class Outcome:
 class Lab:
     """Runs recipes on tiny family models, on one stage cache (each source's baseline is scored once)."""
 
-    def __init__(self, root: Path, tmp_path_factory):
-        self.root, self.factory, self.models = root, tmp_path_factory, {}
-
-    def model(self, family: str) -> Path:
-        if family not in self.models:
-            self.models[family] = once_per_run(self.factory, f"family-{family}", lambda folder: make_tiny(family, folder))
-        return self.models[family]
+    def __init__(self, root: Path, family_model):
+        self.root, self.model = root, family_model
 
     def run(self, family: str, name: str, steps: str) -> Outcome:
         path = self.root / f"{family}-{name}.toml"
@@ -81,9 +76,9 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
-def lab(request, tmp_path_factory) -> Iterator[Lab]:
+def lab(request, tmp_path_factory, family_model) -> Iterator[Lab]:
     with module_folder(request, tmp_path_factory, "compress-families") as folder:
-        yield Lab(folder, tmp_path_factory)
+        yield Lab(folder, family_model)
 
 
 def tensor_names(model: Path) -> list[str]:
