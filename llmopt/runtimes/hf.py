@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from llmopt.deploy.inputs import checkpoint_quantization
+from llmopt.deploy.inputs import checkpoint_quantization, read_config
 from llmopt.libraries import require
 from llmopt.runtimes import hf_adds_bos
 
@@ -236,6 +236,7 @@ def load_dequantized(transformers, model_dir: Path, dtype, trust_remote_code: bo
     scores are those of the quantized weights."""
     import tempfile
 
+    import torch
     from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer, convert_checkpoint
 
     names = tensor_names(model_dir)
@@ -244,7 +245,10 @@ def load_dequantized(transformers, model_dir: Path, dtype, trust_remote_code: bo
     # norms, those the recipe ignored) are named, else it looks for their scales (int8 and FP8 keep "weight")
     plain = [name.rsplit(".", 1)[0] for name in names if name.endswith(".weight")
              and name.rsplit(".", 1)[0] not in scaled]
-    dequantizer = CompressedTensorsDequantizer(model_dir, ignore=plain, dtype=dtype)
+    # the copy in the checkpoint's own dtype (half the disk of float32), cast to ``dtype`` as it loads
+    config = read_config(model_dir)
+    saved = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    dequantizer = CompressedTensorsDequantizer(model_dir, ignore=plain, dtype=getattr(torch, saved))
     # each tensor takes the first group that matches it: the groups that name their layers (sensitive layers kept
     # at 8 bits) go before the one targeting "Linear", as compressed-tensors ranks them on a model
     groups = dequantizer.quant_config.config_groups
