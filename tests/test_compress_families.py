@@ -5,7 +5,8 @@ Each test runs a recipe through ``llmopt.api.run`` (calibration: 8 rows of 64 to
 tokens of builtin:prose-eval) and checks that the candidate, loaded back from disk, scores within a few % of the
 source. Every case failed before, loudly or silently:
 
-* AWQ on OLMo 2 (norms after attention and the MLP, none before q/k/v): llm-compressor had no mappings for it;
+* AWQ and SmoothQuant on OLMo 2 (norms after attention and the MLP, none before q/k/v): llm-compressor had no
+  mappings for it;
 * 4-bit experts with zero points, or beside layers kept at 8 bits (Qwen 3 MoE): transformers' own dequantizing of
   experts failed to load the first and read the second at the wrong width (perplexity x17);
 * Mixtral: the checkpoint named its experts gate_proj / up_proj / down_proj, which transformers skipped and
@@ -88,9 +89,11 @@ def tensor_names(model: Path) -> list[str]:
         return list(f.keys())
 
 
-def test_awq_runs_on_olmo2_whose_norms_follow_attention_and_mlp(lab):
+def test_awq_and_smoothquant_run_on_olmo2_whose_norms_follow_attention_and_mlp(lab):
     awq = lab.run("olmo2", "awq", '[[compress]]\nmethod = "awq"\ngroup_size = 32\nn_grid = 4\n')
     assert abs(awq.increase_pct) < 10, awq.increase_pct
+    sq = lab.run("olmo2", "int8-sq", '[[compress]]\nmethod = "int8_sq"\n')
+    assert abs(sq.increase_pct) < 5, sq.increase_pct
 
 
 def test_int4_experts_with_zero_points_or_kept_layers_reload_as_quantized(lab):

@@ -212,7 +212,12 @@ def awq_mappings(names: list[str]) -> list | None:
 # MLP reads pre_feedforward_layernorm, so the model changed (measured: +34% and +38% perplexity on tiny models)
 GEMMA_SMOOTHQUANT = [[["re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"], "re:.*input_layernorm$"],
                      [["re:.*gate_proj$", "re:.*up_proj$"], "re:.*pre_feedforward_layernorm$"]]
-SMOOTHQUANT_MAPPINGS = {"Gemma2ForCausalLM": GEMMA_SMOOTHQUANT, "Gemma3ForCausalLM": GEMMA_SMOOTHQUANT}
+# OLMo 2 has no norm before q/k/v or gate/up (llm-compressor: "Error resolving mappings"): only down_proj's input
+# is smoothed, into up_proj's rows (the MLP's product is linear in them), the scales chosen from up_proj's output
+# range (llm-compressor measures the smoothing layer's output), which stands in for down_proj's input
+OLMO2_SMOOTHQUANT = [[["re:.*down_proj$"], "re:.*up_proj$"]]
+SMOOTHQUANT_MAPPINGS = {"Gemma2ForCausalLM": GEMMA_SMOOTHQUANT, "Gemma3ForCausalLM": GEMMA_SMOOTHQUANT,
+                        "Olmo2ForCausalLM": OLMO2_SMOOTHQUANT}
 
 
 def smoothquant_mappings(names: list[str]) -> list | None:
