@@ -103,7 +103,10 @@ def test_force_of_a_name_no_stage_has_is_a_usage_error(tiny_model, tmp_path, cap
 
 
 def test_kill_mid_stage_then_resume(tiny_model, tmp_path, isolated_cache):
-    recipe = write_recipe(tmp_path, tiny_recipe(tiny_model, windows=400))  # a slow eval stage to kill
+    # a slow eval stage to kill: 400 windows of 512 tokens one at a time (6 s on one CPU thread; the source stage
+    # imports transformers and loads the model for its checks, so the eval stage's own time is all there is)
+    slow = tiny_recipe(tiny_model, windows=400).replace("window = 64", "window = 512\nstride = 8\nbatch_size = 1")
+    recipe = write_recipe(tmp_path, slow)
     out = tmp_path / "art"
     plan = api.plan(recipe, output_dir=out)
     source_key = plan.stage("source").key

@@ -20,6 +20,7 @@ from pydantic import Field
 from llmopt import data as datasets
 from llmopt.scoring import evalkit
 from llmopt.backends.base import EvalBackend, Options, PlanContext, StageContext
+from llmopt.backends.source import _sanity as sanity
 from llmopt.errors import Problem, StageFailed
 from llmopt.registry import register
 
@@ -85,12 +86,18 @@ class Perplexity(EvalBackend):
             f.writelines(json.dumps(r) + "\n" for r in rows)
         total_nll = sum(r["nll"] for r in rows)
         total_tokens = sum(r["tokens"] for r in rows)
+        value = math.exp(total_nll / total_tokens)
+        checked = {}
+        if ctx.input_manifests.get("model", {}).get("stage") == "source":  # the baseline: the source scored
+            vocab = ctx.model.vocab_size if ctx.model is not None else None
+            checked = sanity.check_baseline_perplexity(value, ids, vocab, ctx.name)
         return {
             "metric": "perplexity",
-            "value": math.exp(total_nll / total_tokens),
+            "value": value,
             "higher_is_better": False,
             "n": len(rows),
             "tokens": total_tokens,
             "runtime": model.name,
             "scores": "scores.jsonl",
+            **checked,
         }

@@ -10,6 +10,11 @@ The special tokens (BOS, EOS, unknown, padding) are the GGUF header's
 generation_config.json: transformers' GGUF reader names ``<|im_start|>`` as
 SmolLM2's end-of-sequence token, where the header says ``<|im_end|>``, and every
 later stage (the ONNX export's ``genai_config.json`` among them) reads them from here.
+A SentencePiece vocabulary (``tokenizer.ggml.model = "llama"``: Llama 2, Mistral, Gemma) is built by
+``llmopt.data.gguf_vocab`` as llama.cpp tokenizes it, with the BOS the header asks for: transformers'
+conversion of it gives other token ids than the weights were trained on. The converted folder is checked
+before the stage ends (``_sanity``): its tokenizer round-trips text in subword tokens, and its greedy tokens
+are not one token repeated whatever the prompt.
 Needs: torch, transformers, gguf (the ``llmopt`` core install).
 """
 
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from llmopt.model import estimates
 from llmopt.backends.base import PlanContext, SourceBackend, StageContext
+from llmopt.backends.source import _sanity as sanity
 from llmopt.libraries import require
 from llmopt.backends.source.hf import fingerprint
 from llmopt.store.cache import sha256_file
@@ -31,7 +37,7 @@ from llmopt.registry import register
 class GGUFSource(SourceBackend):
     Options = ModelSection
     requires = ("torch", "transformers", "gguf")
-    version = 2  # 2: special tokens from the GGUF header
+    version = 3  # 2: special tokens from the GGUF header; 3: SentencePiece vocabularies built as llama.cpp reads them
 
     def check(self, options: ModelSection, ctx: PlanContext) -> list[Problem]:
         try:
@@ -74,10 +80,13 @@ class GGUFSource(SourceBackend):
         out = ctx.out_dir / "model"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
+        ctx.progress("checking the tokenizer and a few greedy tokens")
+        saved = transformers.AutoTokenizer.from_pretrained(out)  # what every later stage will read
+        checked = sanity.check_tokenizer(saved, ctx.name) | sanity.check_greedy(model, saved, ctx.name)
         ctx.defer(lambda stage_folder: {"fingerprint": fingerprint(stage_folder / "model")})  # out_dir, now in the cache
         # the file's SHA-256 (the hub's LFS id) is read downstream (the ONNX export checks the file it
         # carries blocks from is the one converted here), so it is not deferred
-        return {"format": "hf", "model_dir": "model", "gguf_sha256": sha256_file(path)}
+        return {"format": "hf", "model_dir": "model", "gguf_sha256": sha256_file(path), "sanity": checked}
 
 
 GGUF_SPECIAL = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
@@ -93,9 +102,14 @@ def special_ids(path: Path) -> dict[str, int]:
 
 
 def gguf_tokenizer(path: Path):
-    """The Hugging Face tokenizer of a GGUF file, with the header's special tokens."""
+    """The Hugging Face tokenizer of a GGUF file, with the header's special tokens: a SentencePiece vocabulary
+    built as llama.cpp reads it (``llmopt.data.gguf_vocab``), any other as transformers converts it."""
     import transformers
 
+    from llmopt.data import gguf_vocab
+
+    if gguf_vocab.is_sentencepiece(path):
+        return gguf_vocab.hf_tokenizer(path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for name, token_id in special_ids(path).items():
         setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))

@@ -7,16 +7,21 @@ recipe allows pickle). The stage records the model's fingerprint: the BLAKE3 of
 its config and of every weight file, hashed in the background while the next
 stages run (``StageContext.defer``). At plan time a hub id's config.json comes from
 one quick request (``llmopt.model.hub.hub_config``), or from the local hub cache when offline.
+Where torch and transformers are installed, the stage checks the folder before it ends (``_sanity``): its
+tokenizer round-trips text in subword tokens, and (for weights up to 2 GiB) its greedy tokens are not one
+token repeated whatever the prompt.
 Needs: huggingface_hub for hub ids only.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 from llmopt.model import estimates
 from llmopt.backends.base import PlanContext, SourceBackend, StageContext
+from llmopt.backends.source import _sanity as sanity
 from llmopt.libraries import require
 from llmopt.store.cache import blake3_file
 from llmopt.errors import Problem, StageFailed
@@ -122,5 +127,9 @@ class HuggingFaceSource(SourceBackend):
         problems = folder_problems(folder, options)
         if problems:
             raise StageFailed(problems[0], where="source")
+        checked = {}
+        if not is_onnx_folder(folder) and all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
+            ctx.progress("checking the tokenizer and a few greedy tokens")
+            checked = sanity.check_folder(folder, ctx.name, options.trust_remote_code, ctx.log)
         ctx.defer(lambda stage_folder: {"fingerprint": fingerprint(folder)})  # the source, read in place
-        return {"format": "onnx" if is_onnx_folder(folder) else "hf", "model_dir": str(folder)}
+        return {"format": "onnx" if is_onnx_folder(folder) else "hf", "model_dir": str(folder), "sanity": checked}
