@@ -168,7 +168,7 @@ def served(tmp_path, tiny_model, engine: str, steps: str, gpu: str | None, expor
     ("vllm", 'method = "fp8"', "L4", None, ""),
     ("vllm", 'method = "gptq"\ngroup_size = 32', "T4", "warning", "Marlin int4 kernels need CC 8.0"),
     ("vllm", 'method = "gptq"\nscheme = "W8A8"', "T4", None, ""),  # INT8 W8A8 runs from CC 7.5
-    ("vllm", 'method = "nvfp4"', "H100", "warning", "native on Blackwell"),
+    ("vllm", 'method = "nvfp4"', "H100", "warning", "weight-only, the FP4 weights through its Marlin kernel"),
     ("vllm", 'method = "nvfp4"', "B200", None, ""),
     ("vllm", 'method = "modelopt_int4_awq"\nblock_size = 32', "H100", "error", "not INT4 AWQ"),
     ("vllm", 'method = "modelopt_int8_sq"', "H100", "error", "not INT8 SmoothQuant"),
