@@ -139,6 +139,7 @@ class OnnxExport(ExportBackend):
     Options = OnnxExportOptions
     requires = ("onnxruntime-genai", "onnxruntime", "onnx", "onnx-ir", "torch")
     extra = "ort"
+    version = 2  # 2: the config adapted for the builder (onnx_config), a tied int8 head's table shared
 
     def produces(self, options: OnnxExportOptions) -> formats.Format:
         return {"int4": formats.ONNX_INT4, "int8": formats.ONNX_INT8}.get(options.precision, formats.ONNX_FLOAT)
