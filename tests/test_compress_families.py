@@ -172,3 +172,17 @@ def test_depth_pruning_renumbers_the_dense_layers_of_a_qwen_moe(tmp_path):
     ids = torch.tensor([[1, 5, 9, 2, 7]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_width_pruning_is_refused_for_routed_experts_and_depth_pruning_is_not_by_the_backend(family_model, tmp_path):
+    """The backends' own checks: a MoE's MLPs are experts, which prune_width cannot narrow; prune_depth cuts any
+    decoder (the family table may still refuse it where it has no test)."""
+    model = family_model("qwen3_moe")
+    messages = {}
+    for method in ("prune_width", "prune_depth"):
+        path = tmp_path / f"{method}.toml"
+        path.write_text(HEADER.format(name=method, model=model) + f'[[compress]]\nmethod = "{method}"\nfraction = 0.5\n')
+        plan = api.plan(path, cache_dir=tmp_path / "cache")
+        messages[method] = [p.message for p in plan.problems if p.severity == "error"]
+    assert any("routed experts" in m for m in messages["prune_width"]), messages
+    assert not any(m.startswith("prune_depth") for m in messages["prune_depth"]), messages

@@ -1,7 +1,7 @@
 """Plain functions the structured-pruning backends share.
 
-Both prune backends load a Llama-style decoder (``model.layers[i]`` with
-``self_attn`` and an ``mlp`` of gate/up/down projections), run the recipe's
+Both prune backends load a decoder with ``model.layers[i]`` (width pruning: each
+with a dense gated ``mlp``; depth pruning: any, experts included), run the recipe's
 calibration rows through it with hooks that gather statistics, shrink the model,
 fix its config and save a smaller dense checkpoint with the tokenizer.
 Needs: torch, transformers (the ``torch`` extra).
@@ -24,12 +24,9 @@ EXTRA = "torch"
 
 
 def plan_checks(ctx, name: str) -> list[Problem]:
-    """Unquantized weights, dense MLPs, calibration data and memory (the families it runs on are the family
-    table's: ``llmopt.model.families``)."""
-    problems = _checks.not_quantized(ctx)
-    if ctx.model is not None and ctx.model.num_experts:
-        problems.append(ctx.problem(f"{name} does not prune mixture-of-experts models", "method"))
-    return problems + _checks.calibration_data(ctx) + _checks.calibration_memory(ctx, name)
+    """Unquantized weights, calibration data and memory (the families it runs on are the family table's:
+    ``llmopt.model.families``)."""
+    return _checks.not_quantized(ctx) + _checks.calibration_data(ctx) + _checks.calibration_memory(ctx, name)
 
 
 def load(ctx):

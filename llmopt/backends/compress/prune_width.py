@@ -53,6 +53,9 @@ class PruneWidth(CompressBackend):
 
     def check(self, options: PruneWidthOptions, ctx: PlanContext) -> list[Problem]:
         problems = _prune.plan_checks(ctx, "prune_width")
+        if ctx.model is not None and ctx.model.num_experts:
+            problems.append(ctx.problem("prune_width narrows dense MLPs; a mixture-of-experts model's MLPs are "
+                                        "routed experts", "method", hint="prune_depth drops whole layers of it"))
         if (options.intermediate_size is None) == (options.fraction is None):
             return problems + [ctx.problem("set exactly one of intermediate_size and fraction", "intermediate_size",
                                            hint="e.g. fraction = 0.25")]
