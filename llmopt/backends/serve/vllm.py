@@ -63,7 +63,7 @@ MARLIN_INT4 = Rule("yes", "Marlin int4 kernels need CC 8.0; older GPUs get a slo
 NVFP4_NATIVE = Rule("yes", "NVFP4 computes in FP4 (W4A4) only on Blackwell (CC 10.0); on Hopper and older GPUs vLLM "
                     "runs it weight-only, the FP4 weights through its Marlin kernel with 16-bit activations (measured "
                     "on an H200 with vLLM 0.26: NVFP4A16, 452 output tok/s at one request in flight, TPOT 2.1 ms; "
-                    "docs/benchmarks.md, \"NVFP4 weights\")", (7, 5), (10, 0))
+                    "docs/results/accuracy.md, \"NVFP4 weights\")", (7, 5), (10, 0))
 NOT_ONNX = Rule("no", "vLLM does not serve ONNX models", fix="use serve.backend = \"ort\"")
 ACCEPTS: dict[formats.Format, Rule] = {
     formats.DENSE: YES,
