@@ -1,5 +1,5 @@
 """Tiny models of other families than Llama served by vLLM from llmopt's launch configs (benchmarks/gpu_vllm.sh's
-variant `families`, docs/benchmarks.md "Other model families on vLLM").
+variant `families`, docs/results/gpu-engines.md "Other model families on vLLM").
 
 ``build`` makes each family's model with tests/families.py's ``make_tiny`` (the family's own transformers config, a
 512-token BPE tokenizer, 300 steps of training on the shipped prose) and gives it a plain chat template, since the
@@ -19,7 +19,11 @@ unsure flips on rounding)::
 
     python benchmarks/tiny_families.py ask OUT NAME=ARTIFACT [NAME=ARTIFACT ...]
 
-OUT/NAME.json holds what each answered, OUT/NAME/engine.log the engine's log.
+OUT/NAME.json holds what each answered, OUT/NAME/engine.log the engine's log. ``summarize`` keeps, from an unpacked
+vllm-h200.tgz, the machine's versions, the progress log and each NAME.json (the launch config, the answers, the
+engine's architecture and backend lines) in one record::
+
+    python benchmarks/tiny_families.py summarize DIR --out docs/runs/vllm-families-h200.json
 """
 
 from __future__ import annotations
@@ -139,12 +143,20 @@ def ask(out: Path, name: str, artifact: Path) -> dict:
     return result
 
 
+def summarize(folder: Path) -> dict:
+    env = folder / "env.json"
+    progress = folder / "progress.log"
+    return {"env": json.loads(env.read_text()) if env.is_file() else None,
+            "progress": progress.read_text().splitlines() if progress.is_file() else [],
+            "families": [json.loads(p.read_text()) for p in sorted((folder / "fam").glob("*.json"))]}
+
+
 def _read(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build tiny models")
     b.add_argument("out", type=Path)
@@ -153,7 +165,13 @@ def main(argv: list[str]) -> int:
     a = sub.add_parser("ask", help="serve artifacts from their launch configs and ask them")
     a.add_argument("out", type=Path)
     a.add_argument("pairs", nargs="+", metavar="NAME=ARTIFACT")
+    s = sub.add_parser("summarize", help="one record of an unpacked vllm-h200.tgz")
+    s.add_argument("folder", type=Path)
+    s.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "summarize":
+        args.out.write_text(json.dumps(summarize(args.folder), indent=2) + "\n")
+        return 0
     if args.command == "build":
         for family in args.families:
             print(build(args.out, family, args.wide), flush=True)
