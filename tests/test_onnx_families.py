@@ -6,7 +6,8 @@
   (measured 2026-12-07: at most 0.011%, gemma3_text). That is what proves the graph: on these models a sliding
   window left out moves the perplexity by 0.15% (gemma2) to 0.7% (mistral), Gemma 3's full layers at the sliding
   layers' RoPE base by 0.5%, and Gemma 2 without its attention softcapping by 0.5%. Greedy tokens generated past
-  the window (the windowed KV cache) are the PyTorch model's;
+  the window (the windowed KV cache) are the PyTorch model's, and so are the scores and tokens of a text shorter
+  than the window (``onnx.window_floor``);
 * ``test_int4_quickstart_path``: the quickstart's path (GPTQ W4 in groups of 32 with zero points, 2 sensitive layers
   at 8 bits, int4 ONNX with an int8 LM head, verified) within 10% of PyTorch's perplexity (measured: -0.4% to
   +6.8%, qwen2 the highest); the plan's size estimate within 5% of the files written (measured: -3.9% to +1.7%);
@@ -139,6 +140,9 @@ def test_float_export_scores_as_pytorch(family, family_folder, cache, tmp_path):
     expected = list(hf.stream(ids, 8, stop_ids=set()))  # from position 90 on: past the 64-token window
     got = ort.generate(ids, 8, stop_ids=set())
     assert got == expected[: len(got)] and (len(got) == 8 or got[-1] in ort.eos_ids), (got, expected)
+    short = ids[:40]  # shorter than the window: a generator of 41 tokens still gets the window's KV buffers
+    assert ort.nll([short], [39]) == pytest.approx(hf.nll([short], [39]), rel=1e-4)
+    assert ort.generate(short, 4, stop_ids=set()) == list(hf.stream(short, 4, stop_ids=set()))[:4]
     # og.Engine's static batch pads prompts to one length, which windowed KV caches refuse: served one at a time
     assert (ort.batch_refusal is not None) is (family in SLIDING_LAYERS) and (ort.batch_kind is None) is (
         family in SLIDING_LAYERS)

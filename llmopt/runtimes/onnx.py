@@ -111,6 +111,7 @@ class OnnxRuntime:
         self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
         self.adds_bos = self.bos_id is not None and self._added[:1] == [self.bos_id]
         self.context_length = int(self.config.get("context_length") or 0) or None
+        self.window_floor = window_floor(self.config)
 
     def _load(self, filename: str | None = None, overlay: dict | None = None):
         """An og.Model over the folder; ``filename``: another decoder graph than genai_config.json's;
@@ -177,9 +178,11 @@ class OnnxRuntime:
         return set(eos if isinstance(eos, list) else [eos]) - {None}
 
     def _generator(self, total_length: int, model=None, **search):
+        """A generator of at least ``total_length`` tokens (``window_floor``: at least a sliding window's); its
+        callers stop by their own count, not at its max_length."""
         model = model or self.model
         params = self.og.GeneratorParams(model)
-        params.set_search_options(max_length=total_length, **search)
+        params.set_search_options(max_length=max(total_length, self.window_floor), **search)
         return self.og.Generator(model, params)
 
     def logits(self, ids: list[int]) -> np.ndarray:
@@ -294,13 +297,27 @@ class OnnxRuntime:
         generator.append_tokens(np.asarray(ids, dtype=np.int32))
         prefill = time.perf_counter()
         steps = []
-        while not generator.is_done():
+        while not generator.is_done() and len(steps) < new_tokens:
             t = time.perf_counter()
             generator.generate_next_token()
             generator.get_next_tokens()
             steps.append((time.perf_counter() - t) * 1000)
         # the first call samples from the prefill logits; each later one runs the model once
         return {"prefill": (prefill - start) * 1000, "ttft": (prefill - start) * 1000 + steps[0], "decode": steps[1:]}
+
+
+def window_floor(genai_config: dict) -> int:
+    """The fewest tokens a generator of this model may be made for: the sliding window, where genai_config.json
+    names sliding-window layers (``sliding_window``), else 0. onnxruntime-genai sizes those layers' KV buffers to
+    the window, but to a generator's max_length where that is shorter, and their attention then refuses every
+    step (``KV cache capacity must be at least local_window_size``): a text shorter than the window (Gemma 3's
+    is 512 to 1,024 tokens) could not be scored or generated from. At most the model's context length."""
+    window = genai_config.get("decoder", {}).get("sliding_window") or {}
+    if not window.get("layers"):
+        return 0
+    size = int(window.get("window_size") or 0)
+    context = int(genai_config.get("context_length") or 0)
+    return min(size, context) if context else size
 
 
 def default_prompt(runtime: OnnxRuntime, length: int) -> list[int]:
