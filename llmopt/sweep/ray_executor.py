@@ -6,8 +6,9 @@ filesystem: NFS, a mounted bucket, the same disk on one machine), and writes its
 to the sweep's folder, which must be shared the same way. A task asks for
 ``sweep.cpus_per_variant`` CPUs and ``sweep.gpus_per_variant`` GPUs. Without an address,
 ``ray.init()`` starts a local cluster on this machine and stops it at the end; with one, it
-joins that cluster (``auto``: the cluster this machine belongs to) and leaves it running.
-Workers must have llmopt and the recipe's extras installed.
+joins that cluster (``auto``: the cluster this machine belongs to) and leaves it running; a
+cluster that asks for a token is checked first (``ray_auth``), so a missing or wrong token is an
+error at once, not a minute of retries. Workers must have llmopt and the recipe's extras installed.
 
 Needs: ray (the ``ray`` extra).
 """
@@ -17,15 +18,22 @@ from __future__ import annotations
 from typing import Callable
 
 from llmopt.libraries import require
+from llmopt.sweep import ray_auth
 
 
 class RayTasks:
     def __init__(self, run_variant: Callable[[dict], dict], address: str | None, jobs: int, cpus: float, gpus: float):
         self.ray = require("ray", "ray", "--executor ray")
         self.started = not self.ray.is_initialized()
+        self.token_mode = False
         if self.started:
-            self.ray.init(address=address or None, include_dashboard=False, log_to_driver=True,
-                          logging_level="WARNING")
+            self.token_mode = ray_auth.prepare(address)
+            try:
+                self.ray.init(address=address or None, include_dashboard=False, log_to_driver=True,
+                              logging_level="WARNING")
+            except BaseException:
+                ray_auth.restore(self.token_mode)
+                raise
         self.task = self.ray.remote(run_variant).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
         total = self.ray.cluster_resources()
         fits = int(total.get("CPU", 1) // cpus) if cpus else 1
@@ -50,3 +58,4 @@ class RayTasks:
     def close(self) -> None:
         if self.started:
             self.ray.shutdown()
+            ray_auth.restore(self.token_mode)
