@@ -62,11 +62,12 @@ def q4_k(weights: np.ndarray) -> np.ndarray:
     step = (d * sc)[..., None]
     q = np.clip(np.round((x + (dmin * m)[..., None]) / step), 0, 15).astype(np.uint8)
     packed = np.concatenate([  # the 12-byte layout Q4_K.get_scale_min unpacks
-        sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6), (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4),
-    ], axis=-1)
+        sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
+        (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4)], axis=-1)
     q = q.reshape(-1, 4, 2, 32)
     qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
-    blocks = np.concatenate([d.astype(np.float16).view(np.uint8), dmin.astype(np.float16).view(np.uint8), packed, qs], -1)
+    halves = [d.astype(np.float16).view(np.uint8), dmin.astype(np.float16).view(np.uint8)]
+    blocks = np.concatenate([*halves, packed, qs], -1)
     return blocks.reshape(weights.shape[0], -1)
 
 

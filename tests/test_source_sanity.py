@@ -79,10 +79,14 @@ def test_a_model_whose_greedy_tokens_ignore_the_prompt_fails(tiny_model, broken)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     with torch.no_grad():  # a final norm of zeros: every logit 0 whatever the input; or one NaN weight
-        model.model.norm.weight.fill_(0.0) if broken == "silent" else model.model.layers[0].mlp.up_proj.weight[0, 0].fill_(float("nan"))
+        if broken == "silent":
+            model.model.norm.weight.fill_(0.0)
+        else:
+            model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
     with pytest.raises(StageFailed) as failed:
         sanity.check_greedy(model, AutoTokenizer.from_pretrained(tiny_model))
-    expected = "one token repeated whatever the prompt" if broken == "silent" else "logits after 'The capital of France is' are not finite"
+    expected = {"silent": "one token repeated whatever the prompt",
+                "nan": "logits after 'The capital of France is' are not finite"}[broken]
     assert expected in failed.value.what
     assert "the weights were read wrongly" in failed.value.fix
 

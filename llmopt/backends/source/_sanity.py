@@ -97,7 +97,8 @@ def check_greedy(model, tokenizer, where: str = "source") -> dict:
     steps, past = [], None
     with torch.inference_mode():
         for _ in range(GREEDY_TOKENS):
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=past,
+                        use_cache=True)
             logits = out.logits[:, -1].float()
             for prompt, row in zip(PROMPTS, logits):
                 if not torch.isfinite(row).all():
@@ -147,9 +148,9 @@ def check_folder(folder: Path, where: str = "source", trust_remote_code: bool = 
     found = check_tokenizer(tokenizer, where)
     config = json.loads((folder / "config.json").read_text())
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    limit = GREEDY_MAX_BYTES / 1024**3
     skip = ("a quantized checkpoint" if "quantization_config" in config else "no safetensors weights" if not size
-            else f"{size / 1024**3:.1f} GiB of weights, over {GREEDY_MAX_BYTES / 1024**3:.0f}" if size > GREEDY_MAX_BYTES
-            else None)
+            else f"{size / 1024**3:.1f} GiB of weights, over {limit:.0f}" if size > GREEDY_MAX_BYTES else None)
     if skip:
         _say(log, f"{where}: greedy tokens not checked ({skip}); the baseline perplexity is")
         return found
