@@ -1,5 +1,6 @@
 """GFLOPS of one thread's linear layer (256 tokens x 576 -> 1536, the demo model's MLP shape) in float32 and in
-bfloat16 on this CPU: why llmopt's compress stages compute in float32 on a CPU (docs/benchmarks.md).
+bfloat16 on this CPU: why llmopt's compress stages compute in float32 on a CPU (docs/results/accuracy.md,
+"The quickstart with AWQ computed in float32").
 
     .venv/bin/python benchmarks/cpu_dtype_matmul.py
 """

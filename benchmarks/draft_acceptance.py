@@ -10,7 +10,7 @@ answers' first 128 tokens, for the rest, and for the whole. With --ignore-eos ea
 own length (``max_tokens`` as `llmopt bench` sends it), the end-of-sequence token generated and passed as vLLM
 does with ignore_eos, and the figures are given to the answer's own end, past it, and for the whole. Figures:
 ``llmopt.bench.acceptance.figures`` (vLLM's acceptance rate, mean acceptance length, per draft position).
-docs/benchmarks.md, "Served by vLLM: the draft's acceptance and speed on an H100", has what this gave.
+docs/results/speculative.md, "Served by vLLM: the draft's acceptance and speed on an H100", has what this gave.
 """
 
 from __future__ import annotations

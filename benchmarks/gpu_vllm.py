@@ -34,7 +34,7 @@ def summarize(folder: Path) -> dict:
     progress = (folder / "progress.log").read_text().splitlines() if (folder / "progress.log").is_file() else []
     variants = []
     names = {p.name.split(".")[0] for p in (folder / "runs").glob("*.report.json")}
-    order = [m.group(1) for line in progress  # the variant `tune` is recorded apart (docs/benchmarks.md)
+    order = [m.group(1) for line in progress  # the variant `tune` is recorded apart (docs/results/tuning.md)
              if (m := re.match(r"\S+ (\w+): llmopt run", line)) and m.group(1) != "tune"]
     for name in dict.fromkeys(order + sorted(names)):
         report = _read(folder / "runs" / f"{name}.report.json") or {}

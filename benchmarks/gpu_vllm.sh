@@ -46,7 +46,7 @@
 # GV_TUNE_REPEATS (1) -n GV_TUNE_REQUESTS (1024) --warmup 32`; the trial records (the search's store in
 # GV_WORK/cache/tune, without requests.jsonl) come back in tune.tgz. A trial took 110-190 s on an H200
 # (the engine's start, torch.compile 7-54 s of it, and 29-37 s of load with its warm-up), so budget 2-3
-# minutes a trial; see docs/benchmarks.md.
+# minutes a trial; see docs/results/tuning.md, "`llmopt tune` on the live vLLM".
 #
 # The variant `ortcuda` is recipes/gptq-onnx-cuda.toml: the GPTQ stage of `gptq` (the same recipe tables, so
 # the same cache entry when both run) exported to int4 ONNX for the CUDA EP, verified there (MatMulNBits on
@@ -117,7 +117,7 @@
 # draft-fp8" with GV_SPEC_NGRAM=4 is the BF16 and FP8 table: off, ngram 4 and the draft, each).
 #
 # The variant `families` is tiny models of other families than Llama served by vLLM from llmopt's launch configs
-# (docs/benchmarks.md, "Other model families on vLLM"): for each of GV_FAMILIES ("qwen3 gemma3_text phi3 gemma2
+# (docs/results/gpu-engines.md, "Other model families on vLLM"): for each of GV_FAMILIES ("qwen3 gemma3_text phi3 gemma2
 # qwen3_moe mixtral"), `llmopt run benchmarks/families-vllm.toml -s model.source=<the family's folder>` (BF16 as
 # built; the families of GV_FAMILY_FP8, "qwen3 gemma3_text phi3", once more with compress=[{method="fp8"}]) for
 # the machine's GPU (GV_GPU, else H100-SXM-80GB or H200 as nvidia-smi names it), the runs of a kind side by side;

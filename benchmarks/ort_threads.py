@@ -7,7 +7,7 @@ the generators take turns (the interpreter lock held while a token is computed),
 
     .venv/bin/python benchmarks/ort_threads.py MODEL_DIR --intra-op 1 --threads 1 2
 
-MODEL_DIR: an ONNX Runtime GenAI folder (docs/benchmarks.md used a random Llama of hidden 512, 8 layers,
+MODEL_DIR: an ONNX Runtime GenAI folder (docs/results/tuning.md used a random Llama of hidden 512, 8 layers,
 MLP 1536, exported by onnxruntime_genai.models.builder at int4 for the CPU). genai_config.json's
 intra_op_num_threads is set to --intra-op in a copy of the folder.
 """

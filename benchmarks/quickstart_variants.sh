@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The quickstart as shipped, with 64 calibration rows, and at ONNX accuracy level 1, on one stage cache (the
 # baseline scores and the 30-row GPTQ model are shared); each run's report.json is copied to OUT.
-# docs/benchmarks.md, "The quickstart on an H200 machine", was taken with this on the lent H200 machine.
+# docs/results/accuracy.md, "The quickstart on an H200 machine", was taken with this on the lent H200 machine.
 #   bash benchmarks/quickstart_variants.sh OUT [a] [b] [c]      (a: as shipped, b: 64 rows, c: level 1)
 #   bash benchmarks/quickstart_variants.sh OUT "seed1 sens0-seed1"   (calibration seed 1, as shipped and
-#     with compress.0.sensitive_layers=0, every linear at 4 bits): docs/benchmarks.md, "The quickstart with 16
+#     with compress.0.sensitive_layers=0, every linear at 4 bits): docs/results/accuracy.md, "The quickstart with 16
 #     groups kept, across calibration seeds"
 #   bash benchmarks/quickstart_variants.sh OUT "rows64-seed1"   (64 calibration rows, seed 1: the seeds' spread
 #     against the calibration's size)

@@ -74,7 +74,7 @@ def collector_paused():
     Importing torch, transformers and a compression library creates hundreds of thousands of
     objects that live as long as the process and almost no cyclic garbage, yet each full
     collection on the way walks every object made so far (``benchmarks/compress.py`` reports
-    the collector's seconds per run; docs/benchmarks.md). Reference counting still frees what
+    the collector's seconds per run; docs/results/suite.md). Reference counting still frees what
     the imports drop; the collector resumes (if it was running) when the block ends."""
     if not gc.isenabled():
         yield

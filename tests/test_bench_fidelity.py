@@ -12,7 +12,7 @@ concurrencies and one Poisson rate, three things hold for each of the four:
   max(2% of the truth's median, 1 ms), so a client that stamped late would fail;
 - the reported mean, p50, p90, p95 and p99 are within max(2% of the truth, 1 ms, the p99 of how
   late the client's event loop woke at that point), so one that lost chunks or averaged the gaps
-  (as GuideLLM's ITL does, docs/benchmarks.md) would fail.
+  (as GuideLLM's ITL does, docs/results/serving.md) would fail.
 
 The third bound's last term is the machine's own scheduling noise, which llmopt bench reports
 with every point: a process that waits for a core stamps late whatever its code. On a quiet

@@ -83,7 +83,7 @@ NOT_RUN = {
         "joins a running Ray cluster (`--address auto`) and writes to a folder its machines share; "
         "tests/test_sweep.py runs the Ray executor on a local cluster and compares its table with the local one's",
     "llmopt sweep recipes/sweep-onnx-cpu.toml":
-        "runs the shipped sweep's 12 variants, 15 minutes on two cores (docs/benchmarks.md); the next command runs two of them "
+        "runs the shipped sweep's 12 variants, 15 minutes on two cores (docs/results/sweeps.md); the next command runs two of them "
         "(RTN) on the demo model through the same planner and runner, and tests/test_sweep.py runs whole sweeps, "
         "the chosen variant's artifact and a resumed sweep on a four-layer model",
     "llmopt tune artifacts/smollm2-vllm-h100 --max-minutes 30 --format json":

@@ -55,7 +55,7 @@ def test_placement_choice(model, method, gpu, count, host_gib, expected):
 
 
 def test_measured_shapes_predictions():
-    """The H200 runs of docs/benchmarks.md: the 8B shape's peaks as measured there (GiB), within 5%."""
+    """The H200 runs of docs/results/suite.md: the 8B shape's peaks as measured there (GiB), within 5%."""
     machine = placement.Machine(find_gpu("H200"), 1, 125 * GIB, None)
     info = info_of("llama-8b")
     measured = {("fp8", "gpu"): 13.88, ("fp8", "onload"): 0.94, ("gptq", "gpu"): 17.25, ("gptq", "onload"): 3.75}

@@ -148,7 +148,7 @@ def test_kept_units_name_the_fused_modules_vllm_loads_them_into():
     to start vLLM 0.26 (``assert param_data.shape == loaded_weight.shape`` in ``load_qkv_weight``): the kept
     units were given the 4-bit scheme. The 8-bit group names the fused module of each whole unit, and only
     of whole units: so named, the awq-vllm and gptq-w4a16-vllm checkpoints with 16 kept started on vLLM 0.26 and
-    scored as they do in process (docs/benchmarks.md, "Through vLLM")."""
+    scored as they do in process (docs/results/accuracy.md, "Through vLLM")."""
     pytest.importorskip("compressed_tensors")
     kept = ["model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj",
             "model.layers.2.mlp.gate_proj", "model.layers.2.mlp.up_proj", "model.layers.3.mlp.down_proj",

@@ -9,7 +9,7 @@ requests.jsonl and PNG plots. Modules: ``options`` (what a run does), ``workload
 ``engine`` (start and always stop a folder's server), ``runner`` (the whole run).
 
 Needs: aiohttp (the ``bench`` extra); matplotlib for the plots. Why llmopt has its own
-client rather than GuideLLM: docs/benchmarks.md.
+client rather than GuideLLM: docs/results/serving.md, "Serving benchmark client".
 """
 
 from llmopt.bench.options import SLO, BenchOptions, Workload

@@ -359,7 +359,7 @@ video-pruning-method video-pruning-rate watchdog-config watermark watermark-conf
 worker-cls worker-extension-cls
 """.split())
 
-# vLLM 0.26.0 (what benchmarks/gpu_vllm.sh runs on the GPU; docs/benchmarks.md): every long option of its
+# vLLM 0.26.0 (what benchmarks/gpu_vllm.sh runs on the GPU; docs/results/gpu-engines.md): every long option of its
 # EngineArgs.add_cli_args(FlexibleArgumentParser()), read from the vllm-0.26.0 wheel's own parser, kept here as
 # its difference from 0.33.0's list. Each flag llmopt itself writes is an EngineArgs field in both releases
 # (vllm/engine/arg_utils.py, line in 0.26.0 / 0.33.0): served-model-name 423/498, trust-remote-code 431/506,

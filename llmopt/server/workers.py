@@ -3,7 +3,7 @@
 onnxruntime-genai keeps Python's interpreter lock while it computes a token, so two
 generators on two threads of one process take turns instead of running at once
 (measured: two one-thread generators on two threads made 231 tokens/s where one made
-226; docs/benchmarks.md, "Launch tuning on this CPU"). Each worker here is a process of
+226; docs/results/tuning.md, "Launch tuning on this CPU"). Each worker here is a process of
 its own (started with ``spawn``: forking a process whose ONNX Runtime threads already
 run is unsafe) that opens the same model folder and generates one request at a time;
 the server's scheduler gives each of its worker threads one ``GenerationProcess`` and

@@ -63,7 +63,7 @@ def blake3_file(path: Path) -> str:
     weight file is one core's work. Mapping a window at a time, not the file, keeps the process's
     resident set small; the window is large enough that a background hash, which takes the GIL
     back after every window, waits for it rarely while the main thread runs Python
-    (benchmarks/hashing.py; docs/benchmarks.md)."""
+    (benchmarks/hashing.py; docs/results/suite.md, "BLAKE3 window size")."""
     import blake3
 
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)

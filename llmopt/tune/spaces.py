@@ -10,7 +10,7 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
 * ``seqs`` (how many sequences a step may hold): as ``size``, but no value past the first that holds the
   workload's concurrency: a limit above the requests in flight cannot change how many run at once, so
   such a trial spends an engine start for nothing (on a live vLLM at 256 users, max-num-seqs 2,048 gained
-  nothing on 1,024 and 4,096 measured 24% less, one run each, docs/benchmarks.md);
+  nothing on 1,024 and 4,096 measured 24% less, one run each, docs/results/tuning.md);
 * ``fraction`` (the memory share the engine may take): the prediction, +0.03 and 0.95, never above 0.95;
 * ``graph`` (vLLM's largest CUDA-graph batch, ``max-cudagraph-capture-size``): the prediction (vLLM's
   own when the config names none: twice max-num-seqs, at most 512 below Blackwell, vllm/config/vllm.py
@@ -28,7 +28,7 @@ Each engine's space is data (``SPACES``): a parameter names the engine's own opt
   engine): the prediction (0, off, unless the recipe sets it), 0, then 2, 4, 8, 16 up to the first that holds
   the workload's concurrency; nothing at concurrency 1 (one request has nothing to batch with). On a CPU the
   engine batches statically, which wins with requests of equal length and loses with mixed ones, so only a
-  measurement on the workload says (docs/benchmarks.md). A batch and worker processes exclude each other:
+  measurement on the workload says (docs/results/serving.md). A batch and worker processes exclude each other:
   moving one sets the other back to its default (``follow``).
 * ``speculative`` (tokens drafted per step, where ``[serve.speculative]`` is configured; ``num_speculative_tokens``
   for every engine): the prediction (the recipe's ``num_tokens``), 0 (speculation off: the engine's whole
