@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 EXTRAS := torch,compress,modelopt,ort,eval,serve,bench,deploy,plots,ray,dev
 STAMP := $(VENV)/.llmopt-installed
 
-.PHONY: demo test test-fast install clean vllm-env sglang-env
+.PHONY: demo test test-fast install clean vllm-env sglang-env docs
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# The documentation site (mkdocs with the Material theme, mkdocs.yml) into site/. Strict: a link to a missing page
+# or heading fails the build, as it fails tests/test_docs_site.py. The generated pages (docs/cli.md, docs/recipe.md,
+# docs/models.md) come from `python -m llmopt.docgen`.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # vLLM 0.33.0 in its own environment, only to check launch configs with vLLM's own parser
 # (EngineArgs + create_engine_config with VLLM_TARGET_DEVICE=cpu; see llmopt/deploy/validate_engine.py).
