@@ -164,7 +164,8 @@ def test_int4_quickstart_path(family, family_folder, cache, tmp_path):
     if family in TIED:
         assert export["embedding"] == {"op": "GatherBlockQuantized", "bits": 8, "block_size": 32,
                                        "shared_with_lm_head": True}
-        assert written < folder_bytes(model), f"{family}: {written} bytes written, the bf16 folder {folder_bytes(model)}"
+        source = folder_bytes(model)
+        assert written < source, f"{family}: {written} bytes written, the bf16 folder {source}"
     else:
         assert export["embedding"]["op"] == "Gather" and not export["embedding"]["shared_with_lm_head"]
 
@@ -188,7 +189,8 @@ def test_the_builder_is_given_rope_it_can_build_and_refused_rope_it_cannot():
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
     config = transformers.Gemma3TextConfig(num_hidden_layers=2, rope_parameters=per_type)
     assert onnx_config.adapt(config, "export.onnx")
-    assert (config.rope_parameters["rope_type"], config.rope_theta, config.rope_local_base_freq) == ("default", 1e6, 1e4)
+    rope = (config.rope_parameters["rope_type"], config.rope_theta, config.rope_local_base_freq)
+    assert rope == ("default", 1e6, 1e4)
     linear = per_type | {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
     with pytest.raises(StageFailed, match="sliding layers the full layers' scaling"):
         onnx_config.adapt(transformers.Gemma3TextConfig(num_hidden_layers=2, rope_parameters=linear), "export.onnx")

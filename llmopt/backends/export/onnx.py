@@ -29,7 +29,8 @@ from pydantic import Field, field_validator
 from llmopt.model import formats
 from llmopt.backends.base import ExportBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
-from llmopt.backends.export import gguf_layout, gptq_layout, onnx_config, onnx_embedding, onnx_last, onnx_size, onnx_verify
+from llmopt.backends.export import (gguf_layout, gptq_layout, onnx_config, onnx_embedding, onnx_last, onnx_size,
+                                    onnx_verify)
 from llmopt.model.modelinfo import gguf_path, is_gguf
 from llmopt.deploy.compat import YES, Rule
 from llmopt.errors import Problem, StageFailed

@@ -75,7 +75,8 @@ def wire_shared_head(model_file: Path, where: str) -> dict:
 
     model = onnx.load(model_file, load_external_data=False)
     nodes = {n.name: n for n in model.graph.node}
-    gather = next((n for n in model.graph.node if n.op_type == "GatherBlockQuantized" and n.name.startswith(EMBED_NODE)), None)
+    gather = next((n for n in model.graph.node
+                   if n.op_type == "GatherBlockQuantized" and n.name.startswith(EMBED_NODE)), None)
     head = next((n for n in model.graph.node if n.op_type == "MatMulNBits" and n.name.startswith("/lm_head/")), None)
     reshape = nodes.get(f"{EMBED_NODE}/Reshape")
     if gather is None or head is None or reshape is None or gather.input[0] != reshape.output[0]:

@@ -13,8 +13,9 @@ SmolLM2-135M):
   always writes its zero points (``qzeros``); carried GGUF blocks are asymmetric 32-column
   blocks, and each Q4_1 linear adds a float32 residual per block;
 * the embedding shares one table with a tied LM head when both are float, both int4, or the head is int8 in an
-  int4 export (GatherBlockQuantized over the head's codes, ``onnx_embedding.wire_shared_head``); otherwise the embedding is its own table: float (113 of the 212
-  MB of the quickstart: 49152 x 576 float32) or, with ``embedding``, GatherBlockQuantized
+  int4 export (GatherBlockQuantized over the head's codes, ``onnx_embedding.wire_shared_head``); otherwise the
+  embedding is its own table: float (49152 x 576 float32: 113 MB of the quickstart with its table kept apart,
+  ``shared_embeddings = false``) or, with ``embedding``, GatherBlockQuantized
   codes of 4 or 8 bits per ``block_size`` columns with a scale per block in the io dtype
   (and a 4-bit zero point per block for asymmetric int4);
 * linears a checkpoint kept at 8 bits (``sensitive_layers``) are 8-bit MatMulNBits in the same groups, each
@@ -107,7 +108,8 @@ def head_and_embedding(options, info, io: str, head: str, shared: bool, gguf: bo
     if one_table and quantized:
         from dataclasses import replace
 
-        lm_head = replace(lm_head, what=f"{lm_head.what}: the LM head's, which the embedding's GatherBlockQuantized reads")
+        lm_head = replace(lm_head, what=f"{lm_head.what}: the LM head's, which the embedding's "
+                          "GatherBlockQuantized reads")
     return (lm_head, None) if one_table else (embedding_table(options, io), lm_head)
 
 
