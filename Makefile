@@ -101,4 +101,4 @@ $(SGLANG_STAMP): Makefile
 sglang-env: $(SGLANG_STAMP)
 
 clean:
-	rm -rf $(VENV) artifacts .pytest_cache
+	rm -rf $(VENV) artifacts .pytest_cache site
