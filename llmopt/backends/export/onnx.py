@@ -401,9 +401,10 @@ def shares_int8_head(options: OnnxExportOptions, head: str | None, tied: bool) -
     """Whether the embedding of an int4 export reads its tied int8 LM head's table (one GatherBlockQuantized over
     the head's 8-bit MatMulNBits codes and scales, ``onnx_embedding.wire_shared_head``) instead of keeping a float
     table of its own: symmetric blocks (the 8-bit table a symmetric head writes has no zero points), the embedding
-    left auto or int8, sharing not turned off. A head carried from GGUF blocks keeps its own table."""
+    left auto or int8, sharing not turned off, the head not left out. A head carried from GGUF blocks keeps its own
+    table."""
     return tied and options.precision == "int4" and head == "int8" and options.embedding in ("auto", "int8") \
-        and options.shared_embeddings is not False and options.is_symmetric
+        and options.shared_embeddings is not False and options.is_symmetric and not options.exclude_lm_head
 
 
 def head_precision(options: OnnxExportOptions, quantized: dict | None) -> str:
