@@ -310,3 +310,18 @@ def test_a_working_path_plans_without_a_family_warning(family_model, tmp_path):
     body = HEADER.format(name="q", model=family_model("qwen3")) + '\n[[compress]]\nmethod = "fp8"\n'
     plan = api.plan(write_recipe(tmp_path, body))
     assert not [p for p in plan.problems if "qwen3" in p.message], [str(p) for p in plan.problems]
+
+
+def test_a_plan_whose_compressed_model_outgrows_its_source_says_what_weighs(family_model, tmp_path):
+    """An untied tiny model's float32 embedding outweighs its 4-bit layers: the plan says so and how to shrink it;
+    with an 8-bit embedding table the same export plans smaller than the source, without the warning."""
+    steps = ('[[compress]]\nmethod = "gptq"\ngroup_size = 32\nsymmetric = false\n\n'
+             '[export]\nformat = "onnx"\nprecision = "int4"\nlm_head = "int8"\n')
+    body = HEADER.format(name="grown", model=family_model("qwen3")) + "\n" + steps
+    plan = api.plan(write_recipe(tmp_path, body))
+    grown = [p for p in plan.problems if "larger than the source" in p.message]
+    assert len(grown) == 1 and "embedding" in grown[0].message and "float32" in grown[0].message, grown
+    assert 'embedding = "int8"' in grown[0].hint and grown[0].severity == "warning"
+    smaller = api.plan(write_recipe(tmp_path, body + 'embedding = "int8"\n', "int8.toml"))
+    assert not [p for p in smaller.problems if "larger than the source" in p.message]
+    assert smaller.estimates["artifact_bytes"] < smaller.estimates["model_bytes_before"]

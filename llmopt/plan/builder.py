@@ -17,7 +17,7 @@ from llmopt.catalog.gpus import GPU, find_gpu
 from llmopt.errors import Problem, UsageError
 from llmopt.libraries import versions
 from llmopt.model.modelinfo import ModelInfo, is_gguf
-from llmopt.plan.estimates import compress_placement, plan_estimates
+from llmopt.plan.estimates import compress_placement, growth_problems, plan_estimates
 from llmopt.plan.facts import folder_facts, model_facts
 from llmopt.plan.rules import cross_stage_rules, family_problems, held_out_problems
 from llmopt.plan.types import InPlace, Pinned, Plan, Stage
@@ -90,6 +90,8 @@ def build_plan(loaded: LoadedRecipe, cache_dir: str | Path | None = None, output
     assign_keys(stages)
     plan = Plan(loaded, stages, problems, builder.info, gpu, {}, cache, out, scope)
     plan.estimates = plan_estimates(plan, builder.info, builder.source_info) if scope == "run" else {}
+    for problem in growth_problems(plan) if scope == "run" else []:
+        plan.problems.append(dataclasses.replace(problem, severity="error") if strict else problem)
     if placed is not None:
         plan.estimates["compress_placement"] = placed
     if builder.draft_facts is not None:

@@ -65,3 +65,26 @@ def plan_estimates(plan: Plan, info: ModelInfo | None, source_info: ModelInfo | 
         except UsageError as exc:
             out["kv_cache"] = {"fits": False, "reason": exc.what, "fix": exc.fix}
     return out
+
+
+def growth_problems(plan: Plan) -> list[Problem]:
+    """A warning when a plan that quantizes writes a model larger than its source, naming the parts that weigh
+    most and how they are stored (a float embedding table beside 4-bit layers, say), so that the cost is read
+    before the run rather than found in the artifact."""
+    est = plan.estimates
+    before, after = est.get("model_bytes_before"), est.get("artifact_bytes")
+    quantizes = any(s.kind == "compress" and s.impl.quantizes for s in plan.stages) or \
+        getattr(next((s.options for s in plan.stages if s.kind == "export"), None), "precision", "") in ("int4", "int8")
+    if not before or not after or after <= before or not quantizes:
+        return []
+    size = est["model_size"]
+    parts = sorted(size.get("parts", {}).items(), key=lambda kv: -kv[1])[:2]
+    stored = size.get("stored", {})
+    heaviest = ", ".join(f"{name} {value / 2**20:.2f} MiB" + (f" ({stored[name].split(',')[0]})" if name in stored
+                                                               else "") for name, value in parts)
+    where = plan.recipe.where("export", "format") if plan.recipe.recipe.export.format != "hf" \
+        else plan.recipe.where("compress", 0, "method")
+    hint = ("an int8 or int4 table for the embedding (export embedding = \"int8\") shrinks it"
+            if stored.get("embedding", "").startswith("float") else "see the plan's estimates (--format json)")
+    return [Problem(f"the compressed model is estimated at {after / 2**20:.2f} MiB, larger than the source's "
+                    f"{before / 2**20:.2f} MiB; the heaviest parts: {heaviest}", where, hint, severity="warning")]
