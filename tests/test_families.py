@@ -6,9 +6,9 @@ claim without a run cannot be written. Each ✗ is a plan-time refusal, checked 
 
 * ``test_compress[family-method]``: the Hugging Face folder through the method into its checkpoint (compressed-
   tensors), reloaded and scored against the source on the same held-out windows, within the method's bound;
-* ``test_quickstart_path[family]``: the quickstart's path: GPTQ W4 in groups of 32 with zero points and the 2 most
-  sensitive layer groups at 8 bits, int4 ONNX (verified on the CPU EP), perplexity and multiple choice, then a few
-  tokens from ``llmopt serve`` on the artifact;
+* the quickstart's path (GPTQ W4, int4 ONNX, perplexity, multiple choice, ``llmopt serve``) is
+  tests/test_onnx_families.py's ``test_int4_quickstart_path[family]``, and the float export that proves each
+  family's graph its ``test_float_export_scores_as_pytorch[family]``;
 * ``test_evals[family]``: the source scored in process (perplexity, multiple choice, generation) and through
   ``llmopt serve``, with the same scores.
 """
@@ -114,52 +114,6 @@ def test_compress(case, family_model, cache, tmp_path):
         assert config.get("quantization_config") or method == "sparsegpt", config.keys()
 
 
-@pytest.mark.parametrize("family", claimed("test_quickstart_path"))
-def test_quickstart_path(family, family_model, cache, tmp_path):
-    import urllib.request
-
-    from llmopt.server import load_model
-    from test_server import running
-
-    body = HEADER.format(name=f"{family}-quick", model=family_model(family)) + """
-[[eval]]
-name = "mc"
-kind = "multiple_choice"
-data = "builtin:mc"
-limit = 20
-
-[[compress]]
-method = "gptq"
-group_size = 32
-symmetric = false
-sensitive_layers = 2
-
-[export]
-format = "onnx"
-precision = "int4"
-execution_provider = "cpu"
-lm_head = "int8"
-verify = "fail"
-
-[serve]
-backend = "ort"
-max_model_len = 512
-"""
-    result = run(tmp_path, cache, f"{family}-quick", body)
-    baseline, candidate = scores(result)
-    assert candidate <= baseline * 1.25, f"{family}: int4 ONNX {candidate:.2f} against PyTorch {baseline:.2f}"
-    mc_base, mc_cand = scores(result, "mc")
-    assert abs(mc_cand - mc_base) <= 0.25
-    artifact = result.artifact
-    assert json.loads((artifact / "model" / "genai_config.json").read_text())["model"]["type"]
-    with running(load_model(artifact, name=family)) as base:
-        request = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(
-            {"model": family, "prompt": "The capital of France is", "max_tokens": 6}).encode(),
-            headers={"Content-Type": "application/json"})
-        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
-    assert answer["usage"]["completion_tokens"] >= 1 and answer["choices"][0]["text"].strip()
-
-
 @pytest.mark.parametrize("family", claimed("test_evals"))
 def test_evals(family, family_model, capsys, tmp_path):
     from llmopt.cli.main import main
@@ -180,14 +134,12 @@ kind = "perplexity"
 data = "builtin:prose-eval"
 window = 128
 max_windows = 3
-max_increase_pct = 1
 
 [[eval]]
 name = "mc"
 kind = "multiple_choice"
 data = "builtin:mc"
 limit = 12
-max_drop = 0
 
 [[eval]]
 name = "qa"
@@ -195,26 +147,31 @@ kind = "generation"
 data = "builtin:qa"
 limit = 4
 max_new_tokens = 6
-max_drop = 0
 """
     recipe = write_recipe(tmp_path, body)
     with running(load_model(model, name=f"{family}-served")) as base:
         code = main(["eval", str(recipe), "--candidate", f"{base}/v1", "-o", str(tmp_path / "r"), "-f", "json"])
     out, err = capsys.readouterr()
-    assert code == 0, err
     gates = {g["name"]: g for g in json.loads(out)["gates"]}
+    assert code == 0, (err[-600:], {n: (g["baseline"], g["candidate"], g["verdict"], g.get("reason")) for n, g in
+                                    gates.items()})
     assert abs(gates["prose"]["delta"]) < 1e-3, gates["prose"]  # the same model, in process and served
     assert gates["mc"]["delta"] == 0 and gates["qa"]["delta"] == 0
 
 
 def test_every_test_the_table_names_exists():
-    """A ✅ names a test: in this file, one of the parametrized runs above; elsewhere, a test function."""
+    """A ✅ names a test: a parametrized run (here, or tests/test_onnx_families.py's, parametrized from the table too)
+    or a test function."""
+    import importlib
+
     for claim in CLAIMS:
         file, _, name = claim.test.partition("::")
         assert (ROOT / file).is_file(), claim
-        if file == HERE[:-2]:
-            test, _, param = name.partition("[")
-            assert param[:-1] in claimed(test), claim
+        test, _, param = name.partition("[")
+        if param:
+            marks = getattr(getattr(importlib.import_module(Path(file).stem), test), "pytestmark", [])
+            params = [str(p) for m in marks if m.name == "parametrize" for p in m.args[1]]
+            assert param[:-1] in params, claim
         elif name:
             assert re.search(rf"^def {re.escape(name)}\(", (ROOT / file).read_text(), re.M), claim
 
