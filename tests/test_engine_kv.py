@@ -28,7 +28,7 @@ import pytest
 
 from llmopt.deploy import engine_kv
 
-from llmopt.model import memory
+from llmopt.model import families, memory
 from llmopt.model.modelinfo import from_config
 
 DATA = Path(__file__).parent / "data"
@@ -80,8 +80,9 @@ def test_a_wrong_figure_fails(record):
 
 
 @pytest.mark.slow
-def test_vllm_computes_what_the_record_says(vllm_python, record):
-    live = engine_kv.vllm_kv_bytes(CONFIGS, KV_DTYPES, TP_SIZES, python=vllm_python)
+def test_vllm_computes_what_the_record_says(vllm_live, record):
+    live = {"version": vllm_live["version"],
+            "results": {k: v for k, v in vllm_live["results"].items() if k.split("/")[0] in CONFIGS}}
     assert live["version"] == record["version"]
     for name, kv in CASES:
         check(live["results"][f"{name}/{kv}"], name, kv)
@@ -145,3 +146,30 @@ def test_a_wrong_sglang_figure_fails(sglang_record):
     result["cell_size"] += 1
     with pytest.raises(AssertionError):
         sglang_check(result, "gpt-oss-20b", "auto", 8)
+
+
+@pytest.fixture(scope="module")
+def vllm_live(vllm_python, family_model) -> dict:
+    """One run of the vLLM script (its start costs most of the time) over tests/data/configs and a tiny model of each
+    family in the family table (``FAMILY:<name>``), the latter with a context of 4096 tokens, the script's
+    max_model_len (the context enters no KV spec)."""
+    configs = dict(CONFIGS)
+    for family in families.families():
+        config = json.loads((family_model(family) / "config.json").read_text())
+        configs[f"FAMILY:{family}"] = config | {"max_position_embeddings": 4096}
+    return engine_kv.vllm_kv_bytes(configs, KV_DTYPES, TP_SIZES, python=vllm_python)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(families.families()))
+def test_vllm_builds_each_family_as_the_memory_model_sizes_it(vllm_live, family_model, family):
+    """vLLM 0.33 resolves the family's architecture to a model class of its own, builds it (on the meta device),
+    and sizes its KV cache, sliding-window layers included, as llmopt's memory model does for the launch config."""
+    result = vllm_live["results"][f"FAMILY:{family}/auto"]
+    info = from_config(json.loads((family_model(family) / "config.json").read_text()))
+    assert "error" not in result, result.get("error")
+    assert result["model_class"] and not result.get("fallbacks"), result
+    kv_bytes = memory.kv_dtype_bytes("auto", info)
+    assert result["bytes_per_token"]["1"] == memory.kv_bytes_per_token_per_gpu(info, kv_bytes, 1)
+    sliding = sum(group["layers"] for group in result["layers"] if group["spec"] == "SlidingWindowSpec")
+    assert sum(group["layers"] for group in result["layers"]) == info.num_layers and sliding == info.sliding_layers

@@ -231,7 +231,9 @@ def _mla_facts(text: dict) -> dict:
 
 def _window_facts(text: dict, model_type: str) -> dict:
     """Sliding-window layers: from ``layer_types`` where the config lists them, else from Gemma's fixed
-    patterns (Gemma 2: every other layer; Gemma 3: five local to one global, ``sliding_window_pattern``)."""
+    patterns (Gemma 2: every other layer; Gemma 3: five local to one global, ``sliding_window_pattern``), else
+    every layer (Mistral, Mixtral: transformers and vLLM window every layer), unless ``use_sliding_window`` is
+    false (Qwen 2 configs carry a window they do not use)."""
     window = int(text.get("sliding_window") or 0)
     layers = int(text["num_hidden_layers"])
     if not window:
@@ -242,6 +244,8 @@ def _window_facts(text: dict, model_type: str) -> dict:
         sliding = layers - layers // int(text.get("sliding_window_pattern") or 6)
     elif model_type.startswith("gemma2"):
         sliding = (layers + 1) // 2
+    elif text.get("use_sliding_window", True):
+        sliding = layers
     else:
         return {}
     return {"sliding_window": window, "sliding_layers": sliding} if sliding else {}
