@@ -127,6 +127,7 @@
 # whose engine fails is tried again at hidden 256, head_dim 64 where .gpu/families-wide has it. The models are
 # built here (`python benchmarks/tiny_families.py build .gpu/families qwen3 ...`, and `... build
 # .gpu/families-wide ... --wide`; tests/families.py, about a minute each on one CPU thread) and `pack` carries them;
+# GV_FAMILIES_EAGER: more families, served from launch configs with serve.enforce_eager=true (a quicker start).
 # `GV_LEAN=1 bash benchmarks/gpu_vllm.sh pack` with .whl/ holding llmcompressor's set and pydantic's (above, less
 # the demo GGUF, onnxruntime and ModelOpt) made four parts. No bench: GV_VARIANTS=families alone.
 #
@@ -228,10 +229,13 @@ families_step() {  # the variant `families` (header): tiny models of other famil
     cp "$W/art/$name/deploy/vllm/launch.sh" "$W/runs/$name.launch.sh" 2>/dev/null
     cp "$W/art/$name/deploy/vllm/config.yaml" "$W/runs/$name.config.yaml" 2>/dev/null
   }
-  say "families: llmopt run on $gpu: ${GV_FAMILIES:-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral} (fp8: ${GV_FAMILY_FP8-qwen3 gemma3_text phi3})"
+  say "families: llmopt run on $gpu: ${GV_FAMILIES-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral} (fp8: ${GV_FAMILY_FP8-qwen3 gemma3_text phi3})"
   t=$(date +%s)
-  for f in ${GV_FAMILIES:-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral}; do
+  for f in ${GV_FAMILIES-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral}; do
     fam_run "fam-$f" "$K/families/$f" & pairs+=("fam-$f=$W/art/fam-$f")
+  done
+  for f in ${GV_FAMILIES_EAGER:-}; do  # launch configs with enforce-eager: no torch.compile, no CUDA graphs (a quicker start)
+    fam_run "fam-$f-eager" "$K/families/$f" -s serve.enforce_eager=true & pairs+=("fam-$f-eager=$W/art/fam-$f-eager")
   done
   wait  # the FP8 runs after: they share each BF16 run's source stage in the cache
   for f in ${GV_FAMILY_FP8-qwen3 gemma3_text phi3}; do
@@ -242,7 +246,7 @@ families_step() {  # the variant `families` (header): tiny models of other famil
   t=$(date +%s)
   python3 benchmarks/tiny_families.py ask "$W/fam" "${pairs[@]}" > "$W/fam.log" 2>&1
   say "families: ask exit $? in $(( $(date +%s) - t )) s"
-  for f in ${GV_FAMILIES:-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral}; do  # a failed engine: the wide model
+  for f in ${GV_FAMILIES-qwen3 gemma3_text phi3 gemma2 qwen3_moe mixtral}; do  # a failed engine: the wide model
     grep -q '"ok": true' "$W/fam/fam-$f.json" 2>/dev/null || { [ -d "$K/families-wide/$f" ] && failed+=("$f"); }
   done
   [ ${#failed[@]} -gt 0 ] || return 0
