@@ -70,9 +70,9 @@ def model_type_of_gguf(architecture: str, experts: int = 0) -> str:
 def verdict(family: str, path: str) -> Verdict:
     """The table's status of ``path`` for ``family``."""
     table = _table()
-    if path not in table["paths"]:
-        raise KeyError(f"unknown path {path!r}")
     entry = table["families"].get(family)
+    if path not in table["paths"]:  # a backend the table does not know (a plugin's, a test's): no test of it
+        return Verdict(family, path, "untested" if entry else "unknown")
     if entry is None:
         return Verdict(family, path, "unknown")
     refused = entry.get("refuse", {}).get(path)
@@ -84,7 +84,9 @@ def verdict(family: str, path: str) -> Verdict:
     if test is None and path in untested:
         return Verdict(family, path, "untested")
     test = test or table["tests"].get(path, "")
-    return Verdict(family, path, "works", test=test.format(family=family)) if test else Verdict(family, path, "untested")
+    if not test:
+        return Verdict(family, path, "untested")
+    return Verdict(family, path, "works", test=test.format(family=family))
 
 
 def works_with(path_prefix: str, family: str) -> list[str]:

@@ -127,7 +127,7 @@ def family_problems(loaded: LoadedRecipe, stages: list[Stage], info: ModelInfo |
     problems = []
     for path, where in taken:
         verdict = families.verdict(info.model_type, path)
-        what = families.paths()[path]
+        what = families.paths().get(path, path)
         if verdict.status == "refused":
             problems.append(Problem(f"{what} is not available for {verdict.label}: {verdict.why}", where,
                                     f"use {verdict.instead}" if verdict.instead else ""))
@@ -153,8 +153,9 @@ def _unknown_family(loaded: LoadedRecipe, model_type: str, taken: list[tuple[str
                         "configs are written as for the families it has tested", loaded.where("model", "source"),
                         f"the families it has tested are {known}", severity="warning")]
     path, where = rewrites[0]
-    return [Problem(f"llmopt has no test of model family {model_type!r} for {families.paths()[path]}: the stage may "
-                    "fail after hours of work, or write a model it converted wrongly", where,
+    what = families.paths().get(path, path)
+    return [Problem(f"llmopt has no test of model family {model_type!r} for {what}: the stage may fail after hours "
+                    "of work, or write a model it converted wrongly", where,
                     f"the families it has tested are {known} (docs/models.md); to run anyway, set "
                     "model.allow_untested = true", severity="warning" if allowed else "error")]
 
