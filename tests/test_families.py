@@ -49,6 +49,8 @@ METHODS = {
     "int8_sq": ('method = "int8_sq"\n', 5),
     "nvfp4a16": ('method = "nvfp4a16"\n', 30),
     "nvfp4": ('method = "nvfp4"\n', 30),
+    "modelopt_int8_sq": ('method = "modelopt_int8_sq"\n', 5),
+    "modelopt_nvfp4": ('method = "modelopt_nvfp4"\n', 30),
     "sparsegpt": ('method = "sparsegpt"\n', 60),
     # a tiny model has 2 or 3 layers: dropping one costs up to 5x its perplexity (measured: +3% granite to +496%
     # gemma2); what is checked is that the cut model reloads consistent (layer_types one a layer) and sane
