@@ -22,7 +22,7 @@ import pytest
 from llmopt import api
 from llmopt.sweep import report as reporting
 
-from conftest import make_tiny_llama, run_cli, tiny_recipe, write_recipe
+from conftest import make_tiny_llama, tiny_recipe, write_recipe
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # starts a Ray head: about 40 s on two cores
@@ -97,8 +97,11 @@ def recipe(tmp_path_factory) -> Path:
 
 def sweep_on(head: dict, recipe: Path, out: Path, home: Path, **env: str) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    done = run_cli("sweep", str(recipe), "-o", str(out), "--executor", "ray", "--address", head["address"],
-                   env=ray_env(home, **env), timeout=240)
+    # the whole environment given, not merged into this process's (as run_cli does): a Ray variable another test
+    # left in it (RAY_AUTH_MODE=token) would reach the client
+    done = subprocess.run([sys.executable, "-m", "llmopt", "sweep", str(recipe), "-o", str(out), "--executor", "ray",
+                           "--address", head["address"]], env=ray_env(home, **env), capture_output=True, text=True,
+                          timeout=240)
     return done, time.monotonic() - started
 
 
