@@ -618,7 +618,7 @@ def quickstart_cache(request, tmp_path_factory) -> Path:
     return once_per_run(tmp_path_factory, "quickstart-cache", lambda folder: link_tree(cache_seed, folder / "cache")) / "cache"
 
 
-GGUF_RECIPE = "gguf-onnx-cpu.toml"  # the README's second recipe, run once a run (``gguf_run``)
+GGUF_RECIPE = "gguf-onnx-cpu.toml"  # the shipped GGUF recipe, whose record tests/test_records.py holds (``gguf_run``)
 
 
 @dataclass

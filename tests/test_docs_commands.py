@@ -51,9 +51,9 @@ import pytest
 
 from conftest import GGUF_RECIPE, ROOT, link_tree, module_folder, shared_folder
 
-# README.md last: its second recipe (gguf-onnx-cpu.toml) runs on the cache of the suite's one run of it (tests/conftest.py,
-# gguf_run), which it waits for. Under pytest-xdist each page is a unit of work, and so is each measurement every page
-# could run (tests/conftest.py, docs_unit), which go first.
+# README.md last. A page's command that runs gguf-onnx-cpu.toml runs on the cache of the suite's one run of it
+# (tests/conftest.py, gguf_run), which it waits for. Under pytest-xdist each page is a unit of work, and so is each
+# measurement every page could run (tests/conftest.py, docs_unit), which go first.
 DOCS = [*(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))), "README.md"]
 SHELLS = {"sh", "bash", "shell"}
 LLMOPT = {"llmopt", ".venv/bin/llmopt"}
@@ -267,7 +267,7 @@ def test_only_measurements_of_what_every_page_starts_with_are_run_once():
                for c in repeated)
     served = [c.id for c in repeated
               if c.text == "llmopt eval recipes/quickstart.toml --candidate http://127.0.0.1:8000/v1 --only prose"]
-    assert len(served) == 3  # scored once, by the first page that reaches it
+    assert len(served) == 2  # docs/ci.md and docs/cli.md: scored once, by the first page that reaches it
     rtn = [c for c in repeated if c.text.startswith("llmopt sweep recipes/sweep-onnx-cpu.toml --axis 'compress[0]={ method")]
     assert {c.doc for c in rtn} == {"docs/sweep.md", "docs/cli.md"}
     assert len({c.text for c in rtn}) == 1  # one sweep for both pages: the two spellings once ran two (64 s more)
