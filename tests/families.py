@@ -98,3 +98,29 @@ def make_tiny(family: str, folder: Path, seed: int = 0, dtype: str = "bfloat16",
     saved = json.loads((folder / "config.json").read_text())
     assert saved["model_type"] == family, (family, saved["model_type"])
     return folder
+
+
+def recipe(name: str, model, steps: str = "", window: int = 128, windows: int = 6) -> str:
+    """A recipe of a tiny family model: its folder as the source, 8 calibration rows of 64 tokens of builtin:mix,
+    ``steps`` (TOML tables: [[compress]], [export], more [[eval]]) and a perplexity eval on ``windows`` held-out
+    windows of ``window`` tokens."""
+    return f"""\
+schema_version = 1
+name = "{name}"
+
+[model]
+source = "{model}"
+
+[calibration]
+data = "builtin:mix"
+samples = 8
+max_seq_len = 64
+
+[[eval]]
+name = "prose"
+kind = "perplexity"
+data = "builtin:prose-eval"
+window = {window}
+max_windows = {windows}
+
+{steps}"""

@@ -26,28 +26,9 @@ from typing import Iterator
 import pytest
 
 from conftest import module_folder
+from families import recipe
 from llmopt import api
 
-HEADER = """\
-schema_version = 1
-name = "{name}"
-
-[model]
-source = "{model}"
-
-[calibration]
-data = "builtin:mix"
-samples = 8
-max_seq_len = 64
-
-[[eval]]
-name = "prose"
-kind = "perplexity"
-data = "builtin:prose-eval"
-window = 64
-max_windows = 4
-
-"""
 
 
 @dataclass
@@ -69,7 +50,7 @@ class Lab:
 
     def run(self, family: str, name: str, steps: str) -> Outcome:
         path = self.root / f"{family}-{name}.toml"
-        path.write_text(HEADER.format(name=f"{family}-{name}", model=self.model(family)) + steps)
+        path.write_text(recipe(f"{family}-{name}", self.model(family), steps, window=64, windows=4))
         result = api.run(path, cache_dir=self.root / "cache", output_dir=self.root / f"{family}-{name}")
         stages = {r.name: r.outputs for r in result.records}
         return Outcome(stages["eval.prose.baseline"]["value"], stages["eval.prose.candidate"]["value"],
@@ -181,7 +162,7 @@ def test_width_pruning_is_refused_for_routed_experts_and_depth_pruning_is_not_by
     messages = {}
     for method in ("prune_width", "prune_depth"):
         path = tmp_path / f"{method}.toml"
-        path.write_text(HEADER.format(name=method, model=model) + f'[[compress]]\nmethod = "{method}"\nfraction = 0.5\n')
+        path.write_text(recipe(method, model, f'[[compress]]\nmethod = "{method}"\nfraction = 0.5\n', 64, 4))
         plan = api.plan(path, cache_dir=tmp_path / "cache")
         messages[method] = [p.message for p in plan.problems if p.severity == "error"]
     assert any("routed experts" in m for m in messages["prune_width"]), messages

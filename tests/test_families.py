@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, write_recipe
+from families import recipe
 from llmopt import api
 from llmopt.model import families
 
@@ -58,25 +59,6 @@ METHODS = {
     "prune_width": ('method = "prune_width"\nfraction = 0.25\nmultiple_of = 32\n', 40),
 }
 
-HEADER = """\
-schema_version = 1
-name = "{name}"
-
-[model]
-source = "{model}"
-
-[calibration]
-data = "builtin:mix"
-samples = 8
-max_seq_len = 64
-
-[[eval]]
-name = "prose"
-kind = "perplexity"
-data = "builtin:prose-eval"
-window = 128
-max_windows = 6
-"""
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +82,7 @@ def test_compress(case, family_model, cache, tmp_path):
     table, bound = METHODS[method]
     model = family_model(family)
     result = run(tmp_path, cache, f"{family}-{method}",
-                 HEADER.format(name=f"{family}-{method}", model=model) + f"\n[[compress]]\n{table}")
+                 recipe(f"{family}-{method}", model, f"[[compress]]\n{table}"))
     baseline, candidate = scores(result)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     assert baseline < vocab / 4, f"the tiny {family} model is not trained: perplexity {baseline:.1f}"
@@ -266,7 +248,7 @@ def test_a_gguf_architecture_is_judged_as_the_family_it_converts_to():
 
 
 def test_a_working_path_plans_without_a_family_warning(family_model, tmp_path):
-    body = HEADER.format(name="q", model=family_model("qwen3")) + '\n[[compress]]\nmethod = "fp8"\n'
+    body = recipe("q", family_model("qwen3"), '[[compress]]\nmethod = "fp8"\n')
     plan = api.plan(write_recipe(tmp_path, body))
     assert not [p for p in plan.problems if "qwen3" in p.message], [str(p) for p in plan.problems]
 
@@ -276,7 +258,7 @@ def test_a_plan_whose_compressed_model_outgrows_its_source_says_what_weighs(fami
     with an 8-bit embedding table the same export plans smaller than the source, without the warning."""
     steps = ('[[compress]]\nmethod = "gptq"\ngroup_size = 32\nsymmetric = false\n\n'
              '[export]\nformat = "onnx"\nprecision = "int4"\nlm_head = "int8"\n')
-    body = HEADER.format(name="grown", model=family_model("qwen3")) + "\n" + steps
+    body = recipe("grown", family_model("qwen3"), steps)
     plan = api.plan(write_recipe(tmp_path, body))
     grown = [p for p in plan.problems if "larger than the source" in p.message]
     assert len(grown) == 1 and "embedding" in grown[0].message and "float32" in grown[0].message, grown

@@ -32,6 +32,7 @@ pytest.importorskip("onnx_ir")
 from llmopt import api  # noqa: E402
 
 from conftest import write_recipe  # noqa: E402
+from families import recipe  # noqa: E402
 
 from llmopt.model import families  # noqa: E402
 
@@ -41,26 +42,6 @@ SLIDING_LAYERS = {"mistral": [0, 1], "gemma2": [0], "gemma3_text": [0, 1]}  # as
 ADAPTED = {"gemma3_text": "rope_parameters per layer type", "mistral": "layer_types", "phi3": "original_max_position"}
 TIED = {"gemma2", "gemma3_text"}
 
-RECIPE = """\
-schema_version = 1
-name = "{name}"
-
-[model]
-source = "{model}"
-
-[calibration]
-data = "builtin:mix"
-samples = 8
-max_seq_len = 64
-
-{steps}
-[[eval]]
-name = "prose"
-kind = "perplexity"
-data = "builtin:prose-eval"
-window = 128
-max_windows = 4
-{more}"""
 MULTIPLE_CHOICE = '\n[[eval]]\nname = "mc"\nkind = "multiple_choice"\ndata = "builtin:mc"\nlimit = 20\n'
 
 FLOAT = '[export]\nformat = "onnx"\nprecision = "fp32"\nintra_op_threads = 1\nverify = "fail"\n'
@@ -88,9 +69,8 @@ def cache(tmp_path_factory) -> Path:
 
 
 def run(folder: Path, cache: Path, family: str, model: Path, steps: str, tag: str, more: str = ""):
-    recipe = write_recipe(folder, RECIPE.format(name=f"{family}-{tag}", model=model, steps=steps, more=more),
-                          f"{tag}.toml")
-    return api.run(recipe, cache_dir=cache, output_dir=folder / tag)
+    path = write_recipe(folder, recipe(f"{family}-{tag}", model, steps + more, windows=4), f"{tag}.toml")
+    return api.run(path, cache_dir=cache, output_dir=folder / tag)
 
 
 def outputs(result, name: str) -> dict:
