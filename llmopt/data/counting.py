@@ -18,55 +18,10 @@ source stage writes (tests/test_data.py checks this on the real file when it is 
 from __future__ import annotations
 
 import functools
-import mmap
-import struct
 from pathlib import Path
 
 CHARS_PER_TOKEN = 4.0  # an estimate where no tokenizer is at hand: English prose 4-4.6, code and verse 3.3-3.9
 MAX_CHARS_PER_TOKEN = 8.0  # no real text averages more, so len(text) / 8 tokens is a safe lower bound
-
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_WANTED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
-
-
-def gguf_vocabulary(path: str | Path, keys: tuple[str, ...] = _WANTED) -> dict:
-    """The tokenizer entries of a GGUF header (by default model, tokens, merges, token types); other keys are
-    skipped."""
-    out: dict = {}
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        (n_kv,) = struct.unpack_from("<Q", buf, 16)
-        pos = 24
-        for _ in range(n_kv):
-            (n,) = struct.unpack_from("<Q", buf, pos)
-            key = buf[pos + 8 : pos + 8 + n].decode("utf-8", "replace")
-            (kind,) = struct.unpack_from("<I", buf, pos + 8 + n)
-            value, pos = _value(buf, kind, pos + 12 + n, keep=key in keys)
-            if key in keys:
-                out[key] = value
-    return out
-
-
-def _value(buf, kind: int, pos: int, keep: bool):
-    if kind == 8:
-        (n,) = struct.unpack_from("<Q", buf, pos)
-        return buf[pos + 8 : pos + 8 + n].decode("utf-8", "replace"), pos + 8 + n
-    if kind != 9:
-        fmt = "<" + _SCALAR[kind]
-        return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
-    inner, count = struct.unpack_from("<IQ", buf, pos)
-    pos += 12
-    if inner in _SCALAR:
-        size = struct.calcsize("<" + _SCALAR[inner])
-        values = list(struct.unpack_from(f"<{count}{_SCALAR[inner]}", buf, pos)) if keep else None
-        return values, pos + count * size
-    items = []
-    for _ in range(count):
-        item, pos = _value(buf, inner, pos, keep)
-        if keep:
-            items.append(item)
-    return items, pos
 
 
 @functools.lru_cache(maxsize=4)
@@ -75,7 +30,7 @@ def _from_gguf(path: str, mtime: float):
 
     from llmopt.data import gguf_vocab
 
-    vocab = gguf_vocabulary(path, _WANTED + gguf_vocab.KEYS)
+    vocab = gguf_vocab.gguf_vocabulary(path, gguf_vocab.WANTED + gguf_vocab.KEYS)
     if vocab.get("tokenizer.ggml.model") == "llama":
         return gguf_vocab.spm_tokenizer(vocab)
     if vocab.get("tokenizer.ggml.model") != "gpt2" or not vocab.get("tokenizer.ggml.merges"):

@@ -1,4 +1,5 @@
-"""The tokenizer a GGUF header's SentencePiece vocabulary defines (``tokenizer.ggml.model = "llama"``).
+"""A GGUF header's tokenizer entries (``gguf_vocabulary``, read without the weights), and the tokenizer a
+SentencePiece vocabulary among them defines (``tokenizer.ggml.model = "llama"``).
 
 A SentencePiece vocabulary in a GGUF file (Llama 2, Mistral, Gemma) is tokens, scores and token types
 with no merges: llama.cpp tokenizes it by merging, again and again, the adjacent pair whose joined text is
@@ -20,6 +21,8 @@ ones the weights were trained on, down to single characters for some vocabularie
 
 from __future__ import annotations
 
+import mmap
+import struct
 from pathlib import Path
 
 KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
@@ -40,9 +43,51 @@ def is_sentencepiece(path: str | Path) -> bool:
 
 def read_vocabulary(path: str | Path) -> dict:
     """The header's tokenizer entries (tokens, scores, types, special ids, flags, chat template)."""
-    from llmopt.data.counting import gguf_vocabulary
-
     return gguf_vocabulary(path, KEYS)
+
+
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+WANTED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+
+
+def gguf_vocabulary(path: str | Path, keys: tuple[str, ...] = WANTED) -> dict:
+    """The tokenizer entries of a GGUF header (by default model, tokens, merges, token types); other keys are
+    skipped."""
+    out: dict = {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        (n_kv,) = struct.unpack_from("<Q", buf, 16)
+        pos = 24
+        for _ in range(n_kv):
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            key = buf[pos + 8 : pos + 8 + n].decode("utf-8", "replace")
+            (kind,) = struct.unpack_from("<I", buf, pos + 8 + n)
+            value, pos = _value(buf, kind, pos + 12 + n, keep=key in keys)
+            if key in keys:
+                out[key] = value
+    return out
+
+
+def _value(buf, kind: int, pos: int, keep: bool):
+    if kind == 8:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return buf[pos + 8 : pos + 8 + n].decode("utf-8", "replace"), pos + 8 + n
+    if kind != 9:
+        fmt = "<" + _SCALAR[kind]
+        return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+    inner, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if inner in _SCALAR:
+        size = struct.calcsize("<" + _SCALAR[inner])
+        values = list(struct.unpack_from(f"<{count}{_SCALAR[inner]}", buf, pos)) if keep else None
+        return values, pos + count * size
+    items = []
+    for _ in range(count):
+        item, pos = _value(buf, inner, pos, keep)
+        if keep:
+            items.append(item)
+    return items, pos
 
 
 def merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
