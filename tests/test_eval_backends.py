@@ -225,3 +225,32 @@ def test_a_cache_that_cannot_be_copied_per_row_scores_the_longer_choices_whole(t
     monkeypatch.delattr(owner, "batch_select_indices")
     shared = model.continuation_nll(groups)
     assert [x for row in shared for x in row] == pytest.approx(whole, abs=1e-4)
+
+
+def test_windows_after_the_first_score_their_first_token_where_a_bos_goes_before_them():
+    from llmopt.backends.eval.perplexity import windows
+
+    assert windows(10, 4, 4, None) == [(0, 4, 3), (4, 8, 3), (8, 10, 1)]  # no BOS: a window's first token has no context
+    assert windows(10, 4, 4, None, prefixed=True) == [(0, 4, 3), (4, 8, 4), (8, 10, 2)]
+    assert windows(10, 4, 2, None, prefixed=True) == [(0, 4, 3), (2, 6, 2), (4, 8, 2), (6, 10, 2)]  # overlap: as before
+
+
+@pytest.mark.parametrize("post, config, adds", [
+    ({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<bos>"}}, {"Sequence": {"id": "A"}}],
+      "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2]}}}, {}, True),  # Gemma's
+    ({"type": "Sequence", "processors": [{"type": "ByteLevel"}, {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "<bos>"}}, {"Sequence": {"id": "A"}}], "special_tokens": {"<bos>": {"ids": [2]}}}]},
+     {}, True),  # Llama 3's
+    ({"type": "ByteLevel"}, {}, False),  # SmolLM2's and GPT-2's
+    (None, {"add_bos_token": True}, True),  # Llama 2's slow-tokenizer flag
+    ({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<bos>"}}, {"Sequence": {"id": "A"}}],
+      "special_tokens": {"<bos>": {"ids": [2]}}}, {"add_bos_token": False}, False),  # the flag wins, as transformers'
+])
+def test_the_onnx_runtime_reads_whether_texts_start_with_a_bos_from_the_tokenizer_files(tmp_path, post, config, adds):
+    """onnxruntime-genai's tokenizer adds no BOS where transformers' does, so the ONNX runtime reads the rule from
+    the files transformers reads, and the candidate's windows begin as the baseline's."""
+    from llmopt.runtimes.onnx import files_add_bos
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"post_processor": post}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", **config}))
+    assert files_add_bos(tmp_path, 2) is adds

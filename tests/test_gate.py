@@ -129,3 +129,12 @@ def test_judge_perplexity_in_its_own_units():
     assert gate.judge(item(max_drop=0.35), ppl, False)["verdict"] == "fail"
     assert gate.judge(item(min_recovery=0.95), ppl, False)["verdict"] == "pass"  # 10 / 10.4 = 0.96
     assert gate.judge(item(min_recovery=0.97), ppl, False)["verdict"] == "fail"
+
+
+def test_windows_scored_on_different_tokens_are_not_paired():
+    """A baseline that put a BOS before each window and a candidate that did not score 256 and 255 tokens of the
+    same windows: their perplexities are not comparable, and the gate says so instead of judging."""
+    baseline = {"w0": {"nll": 900.0, "tokens": 255}, "w1": {"nll": 880.0, "tokens": 256}}
+    candidate = {"w0": {"nll": 910.0, "tokens": 255}, "w1": {"nll": 1300.0, "tokens": 255}}
+    with pytest.raises(gate.NotPaired, match=r"w1: 256 against 255"):
+        gate.compare("perplexity", baseline, candidate, 0.95)

@@ -74,12 +74,13 @@ def test_plan_time_counts_use_the_same_tokenizer(tmp_path):
 
 
 def test_a_k_quant_spm_gguf_is_a_source_scored_on_its_own_ids(tmp_path):
-    """Only [model] source and a perplexity eval: the Q4_K / Q6_K file converts, its checks pass, and the
-    eval scores the ids the vocabulary gives (a BOS first)."""
+    """[model] source, an int4 ONNX export and a perplexity eval: the Q4_K / Q6_K file converts, its checks pass,
+    and baseline and candidate score the ids the vocabulary gives, a BOS before every window in both runtimes."""
     import sentencepiece as spm
-    from transformers import AutoTokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llmopt import api
+    from llmopt import api, data
 
     model = spm_vocabulary(tmp_path)
     write_gemma3_gguf(tmp_path / "tiny-gemma3.Q4_K_M.gguf", model)
@@ -91,6 +92,10 @@ name = "spm-gguf"
 
 [model]
 source = "tiny-gemma3.Q4_K_M.gguf"
+
+[export]
+format = "onnx"
+precision = "int4"
 
 [[eval]]
 name = "prose"
@@ -107,5 +112,20 @@ max_windows = 4
     assert saved("The capital")["input_ids"] == [2] + reference.encode("The capital")
     assert json.loads((folder / "config.json").read_text())["model_type"] == "gemma3_text"
     baseline = next(r for r in result.records if r.name == "eval.prose.baseline").outputs
-    assert baseline["tokens"] == 4 * 63 and 100 < baseline["value"] < 5000  # random weights, a vocabulary of 1,000
+    # the tokenizer starts texts with a BOS, so every window does: the text's own begins the first (63 tokens
+    # scored), one is put before each later window, whose 64 tokens are then all scored, as plain transformers
+    # scores that window after a BOS (Gemma 3 270M, scored on windows without one: prose perplexity 157, with: 39)
+    assert baseline["tokens"] == 63 + 3 * 64 and 100 < baseline["value"] < 5000  # random weights, 1,000 tokens
+    ids = saved("\n\n".join(data.load_texts("builtin:prose-eval")), add_special_tokens=False)["input_ids"]
+    torch_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        loss = torch_model(torch.tensor([[2] + ids[63:127]]), labels=torch.tensor([[2] + ids[63:127]])).loss
+    rows = [json.loads(line) for line in (result.plan.folder("eval.prose.baseline") / "scores.jsonl").open()]
+    assert (rows[1]["begin"], rows[1]["tokens"]) == (64, 64) and rows[1]["nll"] == pytest.approx(64 * loss.item(), rel=1e-3)
+    # onnxruntime-genai's tokenizer adds no BOS where transformers' does (Gemma 3 270M's int4 ONNX model, scored
+    # without one, read as +348% prose perplexity over its baseline): the ONNX runtime reads the rule from the
+    # tokenizer files, so the candidate scores the same tokens, and a gate refuses windows that differ
+    candidate = [json.loads(line) for line in (result.plan.folder("eval.prose.candidate") / "scores.jsonl").open()]
+    assert [r["tokens"] for r in candidate] == [r["tokens"] for r in rows]
+    assert next(r for r in result.records if r.name == "eval.prose.candidate").outputs["runtime"] == "onnxruntime"
     assert baseline["value"] < 10 * baseline["unigram_perplexity"]  # the baseline check ran, and passed

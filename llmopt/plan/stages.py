@@ -23,7 +23,7 @@ from llmopt import registry
 
 from llmopt.scoring import gate
 from llmopt.backends.base import StageContext, StageKind
-from llmopt.errors import GateFailed, UsageError
+from llmopt.errors import GateFailed, StageFailed, UsageError
 from llmopt.registry import register
 
 GATE_FIELDS = ("name", "kind", "max_drop", "max_rel_drop_pct", "min_recovery", "max_increase_pct", "confidence",
@@ -80,6 +80,9 @@ class GateStage(StageKind):
                 gate.read_scores(ctx.inputs[f"{spec.name}.baseline"] / b["outputs"].get("scores", "scores.jsonl")),
                 gate.read_scores(ctx.inputs[f"{spec.name}.candidate"] / c["outputs"].get("scores", "scores.jsonl")),
                 spec.confidence, method=spec.interval)
+        except gate.NotPaired as exc:
+            raise StageFailed(f"gate {spec.name!r}: {exc}", where=ctx.name,
+                              fix="score both with the same tokenizer files; report this if they are") from None
         except ValueError as exc:  # an interval method the scores do not suit (`llmopt gate -s EVAL.interval=`)
             raise UsageError(f"gate {spec.name!r}: {exc}", fix="use interval=bootstrap for scores that are not 0/1") from None
         record = gate.judge(spec, comparison, b["outputs"].get("higher_is_better", True))

@@ -109,7 +109,9 @@ class OnnxRuntime:
         self.bos_id = hf_bos_id(self.model_dir)
         self.special_ids = special_ids(self.model_dir)
         self._added = [int(i) for i in self.tokenizer.encode("")]  # what og's post-processor adds to any text
-        self.adds_bos = self.bos_id is not None and self._added[:1] == [self.bos_id]
+        # og's tokenizer may leave out a BOS that transformers' adds (Gemma's tokenizer.json template): either says so
+        self.adds_bos = self.bos_id is not None and (self._added[:1] == [self.bos_id]
+                                                     or files_add_bos(self.model_dir, self.bos_id))
         self.context_length = int(self.config.get("context_length") or 0) or None
         self.window_floor = window_floor(self.config)
 
@@ -352,6 +354,24 @@ def hf_bos_id(model_dir: Path) -> int | None:
             return int(added["id"])
     vocab = (tok.get("model") or {}).get("vocab")
     return int(vocab[bos]) if isinstance(vocab, dict) and bos in vocab else None
+
+
+def files_add_bos(model_dir: Path, bos_id: int) -> bool:
+    """Whether the Hugging Face tokenizer files put the BOS ``bos_id`` before every text, as transformers reads them:
+    tokenizer_config.json's ``add_bos_token`` where it says, else tokenizer.json's post-processor template (alone or
+    in a sequence) beginning with that token."""
+    config = model_dir / "tokenizer_config.json"
+    said = json.loads(config.read_text()).get("add_bos_token") if config.is_file() else None
+    if isinstance(said, bool):
+        return said
+    path = model_dir / "tokenizer.json"
+    post = (json.loads(path.read_text(encoding="utf-8")).get("post_processor") or {}) if path.is_file() else {}
+    for step in post.get("processors", [post]):
+        first = (step.get("single") or [{}])[0] if step.get("type") == "TemplateProcessing" else {}
+        name = (first.get("SpecialToken") or {}).get("id")
+        if name is not None and bos_id in (post_ids := (step.get("special_tokens") or {}).get(name, {}).get("ids", [])):
+            return post_ids[:1] == [bos_id]
+    return False
 
 
 def _token_nll(logits: np.ndarray, targets: list[int]) -> np.ndarray:

@@ -36,6 +36,10 @@ BOOTSTRAP = 2000
 METHODS = ("auto", "bootstrap", "score")
 
 
+class NotPaired(Exception):
+    """Baseline and candidate scores that share example ids but not what was scored: no paired difference exists."""
+
+
 def read_scores(path: Path) -> dict[str, dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return {str(r["id"]): r for r in rows}
@@ -91,6 +95,11 @@ def paired_difference(b: np.ndarray, c: np.ndarray, confidence: float, seed: int
 def _perplexity(baseline, candidate, ids, confidence, seed) -> dict:
     arrays = [np.array([float(src[i][k]) for i in ids]) for src in (baseline, candidate) for k in ("nll", "tokens")]
     b_nll, b_tok, c_nll, c_tok = arrays
+    if (b_tok != c_tok).any():  # the same windows, scored on different tokens: not a paired comparison
+        first = ids[int(np.argmax(b_tok != c_tok))]
+        raise NotPaired(f"baseline and candidate scored different tokens in the same window ({first}: "
+                         f"{int(baseline[first]['tokens'])} against {int(candidate[first]['tokens'])}): their "
+                         "tokenizers differ, or only one of them puts a BOS before each window")
     boot = bootstrap(lambda d: np.exp(c_nll[d].sum(1) / c_tok[d].sum(1) - b_nll[d].sum(1) / b_tok[d].sum(1)) - 1.0,
                      len(ids), seed)
     return {"baseline": math.exp(b_nll.sum() / b_tok.sum()), "candidate": math.exp(c_nll.sum() / c_tok.sum()),

@@ -109,6 +109,7 @@ def generate(model, prompt_ids: list[int], options: GenerationOptions) -> str:
 class Generation(EvalBackend):
     Options = GenerationOptions
     requires = ("torch", "transformers")
+    version = 2  # 2: an ONNX model's prompts start with the BOS its tokenizer files ask for, as the baseline's do
 
     def check(self, options: GenerationOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)

@@ -106,6 +106,7 @@ def split_pair(model, context: str, continuation: str, chat_tokenizer=None, bos:
 class MultipleChoice(EvalBackend):
     Options = MultipleChoiceOptions
     requires = ("torch", "transformers")
+    version = 2  # 2: an ONNX model's prompts start with the BOS its tokenizer files ask for, as the baseline's do
 
     def check(self, options: MultipleChoiceOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)

@@ -3,7 +3,11 @@
 The text is tokenized once and cut into windows of ``window`` tokens, each
 starting ``stride`` tokens after the previous one; a window scores only the
 tokens no earlier window scored (all of them for the first), so every token is
-scored exactly once with up to ``window - stride`` tokens of context. The
+scored exactly once with up to ``window - stride`` tokens of context. Where the
+model's tokenizer starts every text with a BOS token, every window does: the
+text's own BOS begins the first, and the others get one before their first
+token, as the model sees any text it is given (Gemma scores 4x worse without
+it: a window that starts mid-text is not what it was trained on). The
 negative log-likelihood of each window is kept (``scores.jsonl``), so that the
 gate can pair baseline and candidate window by window.
 Needs: torch and transformers (in-process runtime), or an endpoint that echoes
@@ -37,13 +41,15 @@ class PerplexityOptions(Options):
     endpoint_model: str | None = Field(None, description=evalkit.ENDPOINT_MODEL_HELP)
 
 
-def windows(n_tokens: int, window: int, stride: int, limit: int | None) -> list[tuple[int, int, int]]:
+def windows(n_tokens: int, window: int, stride: int, limit: int | None,
+            prefixed: bool = False) -> list[tuple[int, int, int]]:
     """(begin, end, scored) triples: the window is tokens[begin:end], and its last ``scored``
-    tokens are scored, each predicted from the tokens before it in the window."""
+    tokens are scored, each predicted from the tokens before it in the window. ``prefixed``: every
+    window but the first gets a BOS before it, so its first token is predicted (from the BOS) too."""
     out, prev_end = [], 0
     for begin in range(0, max(n_tokens - 1, 0), stride):
         end = min(begin + window, n_tokens)
-        scored = min(end - prev_end, end - begin - 1)
+        scored = min(end - prev_end, end - begin - (0 if prefixed and begin else 1))
         if scored > 0:
             out.append((begin, end, scored))
         prev_end = end
@@ -56,6 +62,7 @@ def windows(n_tokens: int, window: int, stride: int, limit: int | None) -> list[
 class Perplexity(EvalBackend):
     Options = PerplexityOptions
     requires = ("torch", "transformers")
+    version = 2  # 2: a BOS before every window where the tokenizer starts texts with one (in every runtime)
 
     def check(self, options: PerplexityOptions, ctx: PlanContext) -> list[Problem]:
         problems = evalkit.check_runtime(options, ctx)
@@ -72,7 +79,8 @@ class Perplexity(EvalBackend):
         model = evalkit.open_model(ctx, options)
         texts = datasets.load_texts(options.data, options.text_field, ctx.recipe.path.parent)
         ids = model.encode("\n\n".join(texts))
-        spans = windows(len(ids), options.window, options.stride or options.window, options.max_windows)
+        bos = ids[:1] if getattr(model, "adds_bos", False) else []  # the text's own BOS, put before each later window
+        spans = windows(len(ids), options.window, options.stride or options.window, options.max_windows, bool(bos))
         if not spans:
             raise StageFailed(f"{options.data} has {len(ids)} tokens: nothing to score", where=ctx.name,
                               fix="give more text, or a smaller window")
@@ -80,7 +88,8 @@ class Perplexity(EvalBackend):
         for start in range(0, len(spans), options.batch_size):
             batch = spans[start : start + options.batch_size]
             ctx.progress(f"window {start + len(batch)}/{len(spans)}")
-            for (begin, end, scored), nll in zip(batch, model.nll([ids[b:e] for b, e, _ in batch], [s for *_, s in batch])):
+            for (begin, end, scored), nll in zip(batch, model.nll([(bos if b else []) + ids[b:e] for b, e, _ in batch],
+                                                           [s for *_, s in batch])):
                 rows.append({"id": f"w{len(rows):05d}", "begin": begin, "end": end, "tokens": scored, "nll": nll})
         with open(ctx.out_dir / "scores.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
