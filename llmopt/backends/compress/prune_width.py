@@ -17,7 +17,7 @@ import dataclasses
 
 from pydantic import Field
 
-from llmopt.model import formats
+from llmopt.model import families, formats
 from llmopt.backends.base import CompressBackend, Options, PlanContext, StageContext
 from llmopt.libraries import require
 from llmopt.backends.compress import _checks, _prune
@@ -53,7 +53,8 @@ class PruneWidth(CompressBackend):
 
     def check(self, options: PruneWidthOptions, ctx: PlanContext) -> list[Problem]:
         problems = _prune.plan_checks(ctx, "prune_width")
-        if ctx.model is not None and ctx.model.num_experts:
+        refused = ctx.model is not None and families.verdict(ctx.model.model_type, "compress.prune_width").status == "refused"
+        if ctx.model is not None and ctx.model.num_experts and not refused:  # a refusal of the table says it already
             problems.append(ctx.problem("prune_width narrows dense MLPs; a mixture-of-experts model's MLPs are "
                                         "routed experts", "method", hint="prune_depth drops whole layers of it"))
         if (options.intermediate_size is None) == (options.fraction is None):
