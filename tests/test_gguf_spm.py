@@ -128,4 +128,13 @@ max_windows = 4
     candidate = [json.loads(line) for line in (result.plan.folder("eval.prose.candidate") / "scores.jsonl").open()]
     assert [r["tokens"] for r in candidate] == [r["tokens"] for r in rows]
     assert next(r for r in result.records if r.name == "eval.prose.candidate").outputs["runtime"] == "onnxruntime"
+    # and the ONNX runtime encodes with the folder's transformers tokenizer, as `llmopt serve` does: og's own splits
+    # SentencePiece BPE otherwise in places ("began'st" as "'", "s", "t"; runs of spaces in code), and a
+    # Gemma 3 270M gate then failed on windows of different tokens
+    from llmopt.runtimes.onnx import OnnxRuntime
+
+    onnx = OnnxRuntime(result.artifact / "model")
+    for name in ("dialogue-eval", "code-eval"):
+        text = "\n\n".join(data.load_texts(f"builtin:{name}"))
+        assert onnx.encode(text) == [2] + saved(text, add_special_tokens=False)["input_ids"], name
     assert baseline["value"] < 10 * baseline["unigram_perplexity"]  # the baseline check ran, and passed

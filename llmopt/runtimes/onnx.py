@@ -1,9 +1,11 @@
 """Runtime: ONNX Runtime GenAI (``onnxruntime_genai``) over an exported model folder.
 
 The folder is what the ``onnx`` export writes: ``model.onnx``, ``genai_config.json``
-(session and EP tuning) and the tokenizer files. Tokens go through ``og.Tokenizer``;
-the BOS token is added as the Hugging Face tokenizer config says, so ids match the
-transformers runtime and baseline and candidate are scored on the same tokens.
+(session and EP tuning) and the tokenizer files. Text is encoded by the folder's transformers
+tokenizer where transformers is installed, as ``llmopt serve`` encodes prompts, and by ``og.Tokenizer``
+only where it is not: og's tokenizer splits some words otherwise (Gemma 3's SentencePiece BPE, "'st" as
+"s" "t"), and baseline and candidate must be scored on the same tokens. The BOS token is added as the
+Hugging Face tokenizer config says, so ids match the transformers runtime.
 Scoring appends a whole sequence to a fresh ``og.Generator`` and reads the logits of
 every position (``get_output("logits")``); generation keeps the KV cache inside the
 generator (past and present share one buffer), reading back one token id per step.
@@ -21,6 +23,7 @@ Needs: onnxruntime-genai (the ``ort`` extra), numpy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -163,10 +166,24 @@ class OnnxRuntime:
         return open_batch(self, max_num_seqs, max_length)
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
-        ids = [int(i) for i in self.tokenizer.encode(text)]
-        if self._added and ids[: len(self._added)] == self._added:
-            ids = ids[len(self._added):]  # a post-processor that adds BOS: add it only when asked
+        reference = self.text_tokenizer
+        if reference is not None:
+            ids = list(reference(text, add_special_tokens=False)["input_ids"])
+        else:
+            ids = [int(i) for i in self.tokenizer.encode(text)]
+            if self._added and ids[: len(self._added)] == self._added:
+                ids = ids[len(self._added):]  # a post-processor that adds BOS: add it only when asked
         return ([self.bos_id] if bos and self.bos_id is not None else []) + ids
+
+    @functools.cached_property
+    def text_tokenizer(self):
+        """The folder's transformers tokenizer (the baseline's, and ``llmopt serve``'s), or None without
+        transformers."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            return None
+        return AutoTokenizer.from_pretrained(self.model_dir)
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` without special tokens, as the transformers runtime decodes (og's decode

@@ -176,7 +176,7 @@ def workload_concurrency(path: Path) -> int | None:
 
 def hf_tokenizer(runtime: Any, model_dir: Path):
     """The runtime's own transformers tokenizer when it has one, else the folder's (AutoTokenizer)."""
-    own = getattr(runtime, "tokenizer", None)
+    own = getattr(runtime, "text_tokenizer", None) or getattr(runtime, "tokenizer", None)  # ONNX's, transformers'
     if callable(getattr(own, "convert_ids_to_tokens", None)):
         return own
     import transformers
