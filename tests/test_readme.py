@@ -67,6 +67,7 @@ def quality(name: str) -> list[str]:
 # the record each row links -> the figures its row must show, computed from the record
 FIGURES = {
     "quickstart-cpu-avx2-gptq-sens16-seed0-report.json": lambda: quality("quickstart-cpu-avx2-gptq-sens16-seed0-report.json"),
+    "quickstart-gemma3-270m-cpu-report.json": lambda: quality("quickstart-gemma3-270m-cpu-report.json"),
     "levels-gguf-acc4-report.json": lambda: quality("levels-gguf-acc4-report.json"),
     "nvfp4a16-cpu-report.json": lambda: quality("nvfp4a16-cpu-report.json"),
     "prune-distill-onnx-cpu-h200-report.json": lambda: quality("prune-distill-onnx-cpu-h200-report.json"),
