@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from pathlib import Path
 
@@ -248,7 +249,7 @@ def test_plan_warns_for_fp8_on_turing(tiny_model, tmp_path):
 def test_every_shipped_serve_recipe_gets_deploy_configs(request, tmp_path, isolated_cache, monkeypatch):
     monkeypatch.delenv("LLMOPT_VLLM_PYTHON", raising=False)
     link_tree(request.getfixturevalue("demo_seed"), isolated_cache)  # the GGUF recipe's float32 conversion
-    shipped = [r for r in api.shipped_recipes() if "[serve]" in Path(r["path"]).read_text()]
+    shipped = [r for r in api.shipped_recipes() if re.search(r"(?m)^\[serve\]", Path(r["path"]).read_text())]
     assert len(shipped) >= 2
     # the recipes as shipped on a small model of the same family (every width a multiple of 128, so each
     # group size divides it; six layers, so depth pruning has some to drop), with less calibration data and
