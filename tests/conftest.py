@@ -466,6 +466,24 @@ def write_recipe(folder: Path, body: str, name: str = "recipe.toml") -> Path:
     return path
 
 
+def calibrated_head(name: str, model) -> str:
+    """The top of a tiny model's recipe: ``name``, the model's folder as its source, and 8 calibration rows of 64
+    tokens of builtin:mix (tests/families.py, test_distill.py and test_draft.py add their tables below it)."""
+    return f"""\
+schema_version = 1
+name = "{name}"
+
+[model]
+source = "{model}"
+
+[calibration]
+data = "builtin:mix"
+samples = 8
+max_seq_len = 64
+
+"""
+
+
 def tiny_recipe(model: Path, extra: str = "", windows: int = 4) -> str:
     return f"""\
 schema_version = 1

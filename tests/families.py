@@ -104,18 +104,9 @@ def recipe(name: str, model, steps: str = "", window: int = 128, windows: int = 
     """A recipe of a tiny family model: its folder as the source, 8 calibration rows of 64 tokens of builtin:mix,
     ``steps`` (TOML tables: [[compress]], [export], more [[eval]]) and a perplexity eval on ``windows`` held-out
     windows of ``window`` tokens."""
-    return f"""\
-schema_version = 1
-name = "{name}"
+    from conftest import calibrated_head
 
-[model]
-source = "{model}"
-
-[calibration]
-data = "builtin:mix"
-samples = 8
-max_seq_len = 64
-
+    return calibrated_head(name, model) + f"""\
 [[eval]]
 name = "prose"
 kind = "perplexity"

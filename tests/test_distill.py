@@ -21,7 +21,7 @@ from llmopt.store.cache import Cache
 from llmopt.model.modelinfo import from_folder
 from llmopt.recipe.load import load_recipe
 
-from conftest import make_tiny_llama, wait_for, write_recipe
+from conftest import calibrated_head, make_tiny_llama, wait_for, write_recipe
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +49,7 @@ def one_thread(monkeypatch):
 
 
 def recipe(model: Path, distill: str = "", extra: str = "", shape: str = "batch_size = 4\nseq_len = 64") -> str:
-    return f"""\
-schema_version = 1
-name = "tiny-distill"
-
-[model]
-source = "{model}"
-
-[calibration]
-data = "builtin:mix"
-samples = 8
-max_seq_len = 64
-
+    return calibrated_head("tiny-distill", model) + f"""\
 [[compress]]
 method = "prune_depth"
 layers = 2

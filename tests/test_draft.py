@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import make_tiny_llama, run_cli, write_recipe
+from conftest import calibrated_head, make_tiny_llama, run_cli, write_recipe
 from llmopt import api
 from llmopt.bench.acceptance import figures, walk
 from llmopt.errors import RecipeError
@@ -39,18 +39,7 @@ def four_layer_model(tmp_path_factory) -> Path:
 
 
 def draft_recipe(model: Path, serve: str, draft: str = "") -> str:
-    return f"""\
-schema_version = 1
-name = "tiny-draft"
-
-[model]
-source = "{model}"
-
-[calibration]
-data = "builtin:mix"
-samples = 8
-max_seq_len = 64
-
+    return calibrated_head("tiny-draft", model) + f"""\
 [target]
 gpu = "H100-SXM-80GB"
 
