@@ -53,8 +53,8 @@ class PruneWidth(CompressBackend):
 
     def check(self, options: PruneWidthOptions, ctx: PlanContext) -> list[Problem]:
         problems = _prune.plan_checks(ctx, "prune_width")
-        refused = ctx.model is not None and families.verdict(ctx.model.model_type, "compress.prune_width").status == "refused"
-        if ctx.model is not None and ctx.model.num_experts and not refused:  # a refusal of the table says it already
+        if (ctx.model is not None and ctx.model.num_experts  # a refusal of the family table says it already
+                and families.verdict(ctx.model.model_type, "compress.prune_width").status != "refused"):
             problems.append(ctx.problem("prune_width narrows dense MLPs; a mixture-of-experts model's MLPs are "
                                         "routed experts", "method", hint="prune_depth drops whole layers of it"))
         if (options.intermediate_size is None) == (options.fraction is None):
